@@ -1,0 +1,427 @@
+"""The privacy budget ledger: durable, atomic check-and-charge over a SQLite file.
+
+A budget belongs to an *account* (``"analyst:alice"``, ``"table:adult"``). A query
+charges a list of accounts in one transaction and runs only if every one can pay.
+
+Arithmetic is exact decimal: every ε/δ enters as ``Decimal(repr(x))`` (the float's
+shortest repr, i.e. the number the user typed) and is summed in Decimal and stored
+as TEXT. A budget of 1.0 must buy exactly ten queries of ε = 0.1: with binary floats
+0.1 summed ten times is 0.9999999999999999 (an eleventh query nearly fits) and with
+exact binary rationals 10 * float(0.1) > 1.0 (the tenth is refused). Decimal of the
+repr gives 0.1 * 10 == 1.0 exactly. Where a sum could ever need rounding (more than
+50 digits) spent rounds up and budgets round down, so rounding never creates budget.
+
+Concurrency: one sqlite3 connection per Ledger guarded by a lock (threads), WAL,
+``BEGIN IMMEDIATE`` and a busy timeout (other Ledgers and processes on the file),
+``synchronous=FULL`` so a charge is on disk before ``charge()`` returns.
+"""
+
+from __future__ import annotations
+
+import decimal
+import math
+import os
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Protocol
+
+from .errors import (
+    BudgetExceeded,
+    InterfaceError,
+    InvalidParameterValue,
+    OperationalError,
+    UndefinedObject,
+)
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE accounts (
+    account        TEXT PRIMARY KEY,
+    budget_epsilon TEXT NOT NULL,
+    budget_delta   TEXT NOT NULL,
+    spent_epsilon  TEXT NOT NULL DEFAULT '0',
+    spent_delta    TEXT NOT NULL DEFAULT '0'
+);
+CREATE TABLE charges (
+    charge_id TEXT PRIMARY KEY,
+    at        REAL NOT NULL,
+    analyst   TEXT NOT NULL,
+    statement TEXT NOT NULL,
+    epsilon   TEXT NOT NULL,
+    delta     TEXT NOT NULL
+);
+CREATE TABLE charge_accounts (
+    charge_id TEXT NOT NULL REFERENCES charges (charge_id),
+    account   TEXT NOT NULL REFERENCES accounts (account),
+    PRIMARY KEY (charge_id, account)
+);
+CREATE INDEX charge_accounts_by_account ON charge_accounts (account);
+CREATE TABLE admin_events (
+    event_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at       REAL NOT NULL,
+    by       TEXT NOT NULL,
+    account  TEXT NOT NULL,
+    action   TEXT NOT NULL,
+    epsilon  TEXT NOT NULL,
+    delta    TEXT NOT NULL
+);
+"""
+
+# Sums of repr'd floats are exact at 50 digits; the rounding mode only matters beyond.
+_UP = decimal.Context(prec=50, rounding=decimal.ROUND_CEILING)
+_DOWN = decimal.Context(prec=50, rounding=decimal.ROUND_FLOOR)
+_ZERO = Decimal(0)
+_HINT = "lower the query's epsilon (SET dpproxy.epsilon = …) or ask an admin to grant more budget"
+_HINT_DELTA = ("lower the query's epsilon or delta (SET dpproxy.epsilon = … / SET dpproxy.delta"
+               " = …) or ask an admin to grant more budget")
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A privacy cost (ε, δ); also used for budgets."""
+
+    epsilon: float
+    delta: float = 0.0
+
+
+class _CostLike(Protocol):  # Cost, or policy.Budget which has the same two fields
+    @property
+    def epsilon(self) -> float: ...
+    @property
+    def delta(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class AccountStatus:
+    account: str
+    budget: Cost
+    spent: Cost
+
+    @property
+    def remaining(self) -> Cost:
+        """budget − spent per component, computed in decimal, never negative."""
+        return Cost(_num(_left(_dec(self.budget.epsilon), _dec(self.spent.epsilon))),
+                    _num(_left(_dec(self.budget.delta), _dec(self.spent.delta))))
+
+
+@dataclass(frozen=True)
+class Charge:
+    charge_id: str  # uuid4 hex
+    accounts: tuple[str, ...]
+    cost: Cost
+    analyst: str
+    statement: str  # normalized SQL of the query (never results)
+    at: float  # unix time
+
+
+@dataclass(frozen=True)
+class AdminEvent:
+    at: float
+    by: str
+    account: str
+    action: str  # "create" (from the policy), "grant" or "set_budget"
+    amount: Cost  # the budget created or set, or the amount granted
+
+
+def _dec(x: float) -> Decimal:
+    return Decimal(repr(float(x) + 0.0))  # + 0.0 turns -0.0 into 0.0
+
+
+def _num(d: Decimal) -> float:
+    return float(d)
+
+
+def _left(budget: Decimal, spent: Decimal) -> Decimal:
+    """What remains, rounded down and never negative (a lowered budget may be below spent)."""
+    d = _DOWN.subtract(budget, spent)
+    return d if d > 0 else _ZERO
+
+
+def _fmt(d: Decimal) -> str:
+    s = repr(float(d))
+    return s[:-2] if s.endswith(".0") else s
+
+
+def _label(account: str) -> str:
+    return account.replace(":", " ", 1)
+
+
+def _check_cost(cost: _CostLike, what: str) -> tuple[Decimal, Decimal]:
+    """Validate a cost or budget and return it as exact decimals."""
+    values: list[Decimal] = []
+    for name in ("epsilon", "delta"):
+        x = getattr(cost, name, None)
+        if isinstance(x, bool) or not isinstance(x, int | float):
+            raise InvalidParameterValue(f"{what} {name} must be a number, got {x!r}")
+        if not math.isfinite(x) or x < 0:
+            raise InvalidParameterValue(f"{what} {name} must be finite and >= 0, got {x!r}")
+        values.append(_dec(x))
+    if values[1] >= 1:
+        raise InvalidParameterValue(f"{what} delta must be < 1, got {cost.delta!r}")
+    return values[0], values[1]
+
+
+def _check_name(value: object, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidParameterValue(f"{what} must be a non-empty string, got {value!r}")
+    return value
+
+
+class Ledger:
+    """The budget ledger on one SQLite file; safe to share between threads.
+
+    Several Ledgers (in threads or processes) may open the same file; charges serialize
+    through SQLite's write lock. Do not carry a Ledger across fork(): open a new one.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], initial_budgets: Mapping[str, _CostLike],
+                 *, timeout: float = 30.0) -> None:
+        """Open or create the SQLite ledger; accounts missing from the file are created with
+        their policy budget (the policy is the initial state; an existing account's budget in
+        the ledger is NOT overwritten by a changed policy)."""
+        budgets = {_check_name(a, "account"): _check_cost(c, f"budget of {a}")
+                   for a, c in initial_budgets.items()}
+        self._path = os.fspath(path)
+        self._lock = threading.RLock()
+        self._pid = os.getpid()
+        self._db: sqlite3.Connection | None = None
+        try:
+            # isolation_level=None: we issue BEGIN/COMMIT ourselves
+            db = sqlite3.connect(self._path, timeout=timeout, isolation_level=None,
+                                 check_same_thread=False)
+        except sqlite3.Error as e:
+            raise OperationalError(f"cannot open privacy ledger {self._path}: {e}") from None
+        self._db = db
+        try:
+            with self._sql():
+                db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+                db.execute("PRAGMA journal_mode = WAL")
+                db.execute("PRAGMA synchronous = FULL")
+                db.execute("PRAGMA fullfsync = ON")  # macOS: fsync alone does not reach the disk
+                db.execute("PRAGMA foreign_keys = ON")
+                with self._write():
+                    self._migrate()
+                    now = time.time()
+                    for account, (eps, delta) in budgets.items():
+                        cur = db.execute("INSERT OR IGNORE INTO accounts (account, budget_epsilon,"
+                                         " budget_delta) VALUES (?, ?, ?)",
+                                         (account, str(eps), str(delta)))
+                        if cur.rowcount:
+                            self._admin_event(now, "policy", account, "create", eps, delta)
+        except BaseException:
+            db.close()
+            self._db = None
+            raise
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @contextmanager
+    def _sql(self) -> Iterator[sqlite3.Connection]:
+        """The connection, under the lock; SQLite errors become OperationalError."""
+        with self._lock:
+            if self._db is None:
+                raise InterfaceError("the privacy ledger is closed")
+            if os.getpid() != self._pid:
+                raise InterfaceError("a Ledger cannot be used across fork(); open a new one")
+            try:
+                yield self._db
+            except sqlite3.Error as e:
+                raise OperationalError(f"privacy ledger {self._path}: {e}") from None
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction: takes the file's write lock now, commits (fsync) on success."""
+        with self._sql() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+                db.execute("COMMIT")
+            finally:
+                if db.in_transaction:  # an error before or during COMMIT: write nothing
+                    with suppress(sqlite3.Error):
+                        db.execute("ROLLBACK")
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction: one consistent snapshot across several SELECTs."""
+        with self._sql() as db:
+            db.execute("BEGIN")
+            try:
+                yield db
+            finally:
+                if db.in_transaction:
+                    with suppress(sqlite3.Error):
+                        db.execute("ROLLBACK")
+
+    def _migrate(self) -> None:
+        assert self._db is not None
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise OperationalError(
+                f"privacy ledger {self._path} has schema version {version}, newer than the "
+                f"{SCHEMA_VERSION} this dpproxy knows", hint="upgrade dpproxy to open this ledger")
+        if version == 0:
+            if self._db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+                raise OperationalError(f"{self._path} is a SQLite file but not a dpproxy ledger")
+            for stmt in _SCHEMA.split(";"):
+                if stmt.strip():
+                    self._db.execute(stmt)
+            self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _admin_event(self, at: float, by: str, account: str, action: str, eps: Decimal,
+                     delta: Decimal) -> None:
+        assert self._db is not None
+        self._db.execute("INSERT INTO admin_events (at, by, account, action, epsilon, delta)"
+                         " VALUES (?, ?, ?, ?, ?, ?)", (at, by, account, action, str(eps),
+                                                        str(delta)))
+
+    def _row(self, db: sqlite3.Connection, account: str) -> tuple[Decimal, ...]:
+        row = db.execute("SELECT budget_epsilon, budget_delta, spent_epsilon, spent_delta"
+                         " FROM accounts WHERE account = ?", (account,)).fetchone()
+        if row is None:
+            known = [r[0] for r in db.execute("SELECT account FROM accounts ORDER BY account"
+                                              " LIMIT 21")]
+            listed = ", ".join(known[:20]) + (", …" if len(known) > 20 else "")
+            raise UndefinedObject(f"unknown privacy account {account!r}; known accounts: "
+                                  f"{listed or '(none)'}")
+        return tuple(Decimal(v) for v in row)
+
+    def _status(self, db: sqlite3.Connection, account: str) -> AccountStatus:
+        be, bd, se, sd = self._row(db, account)
+        return AccountStatus(account, Cost(_num(be), _num(bd)), Cost(_num(se), _num(sd)))
+
+    # -- API --------------------------------------------------------------------------------
+
+    def charge(self, accounts: Sequence[str], cost: Cost, *, analyst: str,
+               statement: str) -> Charge:
+        """Atomically check that every account can pay `cost` and record the charge; raise
+        BudgetExceeded otherwise (nothing is written). The charge is durable on return."""
+        if isinstance(accounts, str) or not accounts:
+            raise InvalidParameterValue("charge needs a non-empty list of accounts, "
+                                        f"got {accounts!r}")
+        names = tuple(dict.fromkeys(_check_name(a, "account") for a in accounts))  # dedupe
+        eps, delta = _check_cost(cost, "query cost")
+        _check_name(analyst, "analyst")
+        if not isinstance(statement, str):
+            raise InvalidParameterValue("statement must be a string")
+        with self._write() as db:
+            short: list[tuple[str, Decimal, Decimal]] = []
+            new_spent: list[tuple[str, Decimal, Decimal]] = []
+            delta_short = False
+            for name in names:
+                be, bd, se, sd = self._row(db, name)
+                ne, nd = _UP.add(se, eps), _UP.add(sd, delta)
+                if ne > be or nd > bd:
+                    short.append((name, _left(be, se), _left(bd, sd)))
+                    delta_short = delta_short or nd > bd
+                new_spent.append((name, ne, nd))
+            if short:
+                who = " and ".join(_label(n) for n, _, _ in short)
+                if len(short) == 1:
+                    left = f"ε={_fmt(short[0][1])}, δ={_fmt(short[0][2])}"
+                else:
+                    left = "; ".join(f"{_label(n)} ε={_fmt(e)}, δ={_fmt(d)}" for n, e, d in short)
+                raise BudgetExceeded(
+                    f"privacy budget exceeded for {who}: query costs ε={_fmt(eps)}, "
+                    f"δ={_fmt(delta)}; remaining {left}",
+                    hint=_HINT_DELTA if delta_short else _HINT)
+            charge = Charge(uuid.uuid4().hex, names, Cost(_num(eps), _num(delta)), analyst,
+                            statement, time.time())
+            db.execute("INSERT INTO charges (charge_id, at, analyst, statement, epsilon, delta)"
+                       " VALUES (?, ?, ?, ?, ?, ?)", (charge.charge_id, charge.at, analyst,
+                                                      statement, str(eps), str(delta)))
+            for name, ne, nd in new_spent:
+                db.execute("UPDATE accounts SET spent_epsilon = ?, spent_delta = ?"
+                           " WHERE account = ?", (str(ne), str(nd), name))
+                db.execute("INSERT INTO charge_accounts (charge_id, account) VALUES (?, ?)",
+                           (charge.charge_id, name))
+        return charge
+
+    def status(self, account: str) -> AccountStatus:
+        with self._read() as db:
+            return self._status(db, account)
+
+    def statuses(self) -> list[AccountStatus]:
+        with self._read() as db:
+            names = [r[0] for r in db.execute("SELECT account FROM accounts ORDER BY account")]
+            return [self._status(db, n) for n in names]
+
+    def history(self, account: str | None = None, limit: int = 100) -> list[Charge]:
+        """Charges, newest first; only those touching `account` if given."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise InvalidParameterValue(f"limit must be an integer >= 0, got {limit!r}")
+        with self._read() as db:
+            if account is None:
+                rows = db.execute("SELECT charge_id, at, analyst, statement, epsilon, delta FROM"
+                                  " charges ORDER BY rowid DESC LIMIT ?", (limit,)).fetchall()
+            else:
+                self._row(db, account)  # raises for an unknown account
+                rows = db.execute(
+                    "SELECT c.charge_id, c.at, c.analyst, c.statement, c.epsilon, c.delta"
+                    " FROM charges c JOIN charge_accounts ca ON ca.charge_id = c.charge_id"
+                    " WHERE ca.account = ? ORDER BY c.rowid DESC LIMIT ?",
+                    (account, limit)).fetchall()
+            result = []
+            for cid, at, analyst, stmt, e, d in rows:
+                accts = tuple(r[0] for r in db.execute(
+                    "SELECT account FROM charge_accounts WHERE charge_id = ? ORDER BY rowid",
+                    (cid,)))
+                result.append(Charge(cid, accts, Cost(_num(Decimal(e)), _num(Decimal(d))),
+                                     analyst, stmt, at))
+            return result
+
+    def admin_history(self, account: str | None = None, limit: int = 100) -> list[AdminEvent]:
+        """Admin events (creation from policy, grants, budget changes), newest first."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise InvalidParameterValue(f"limit must be an integer >= 0, got {limit!r}")
+        where, args = ("", ()) if account is None else (" WHERE account = ?", (account,))
+        with self._read() as db:
+            rows = db.execute("SELECT at, by, account, action, epsilon, delta FROM admin_events"
+                              f"{where} ORDER BY event_id DESC LIMIT ?", (*args, limit))
+            return [AdminEvent(at, by, acct, action, Cost(_num(Decimal(e)), _num(Decimal(d))))
+                    for at, by, acct, action, e, d in rows]
+
+    def grant(self, account: str, extra: Cost, *, by: str) -> AccountStatus:
+        """Add `extra` to the account's budget; recorded as an admin event."""
+        eps, delta = _check_cost(extra, "grant")
+        _check_name(by, "by")
+        with self._write() as db:
+            be, bd, _, _ = self._row(db, account)
+            ne, nd = _DOWN.add(be, eps), _DOWN.add(bd, delta)
+            if nd >= 1:
+                raise InvalidParameterValue(f"grant would make the delta budget of {account} "
+                                            f"{_fmt(nd)}, which must stay < 1")
+            db.execute("UPDATE accounts SET budget_epsilon = ?, budget_delta = ? WHERE account = ?",
+                       (str(ne), str(nd), account))
+            self._admin_event(time.time(), by, account, "grant", eps, delta)
+            return self._status(db, account)
+
+    def set_budget(self, account: str, budget: Cost, *, by: str) -> AccountStatus:
+        """Replace the account's budget (spent is kept; below spent, remaining is 0)."""
+        eps, delta = _check_cost(budget, "budget")
+        _check_name(by, "by")
+        with self._write() as db:
+            self._row(db, account)
+            db.execute("UPDATE accounts SET budget_epsilon = ?, budget_delta = ? WHERE account = ?",
+                       (str(eps), str(delta), account))
+            self._admin_event(time.time(), by, account, "set_budget", eps, delta)
+            return self._status(db, account)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,431 @@
+"""Analyze a SELECT against the policy: a typed `Analysis`, or a rejection saying how to fix it.
+
+The passes run in this order, each small and named after what it checks:
+
+1. `_check_shape`      only SELECT … FROM one table [WHERE] [GROUP BY] [HAVING] [ORDER BY] [LIMIT]
+2. `_resolve_table`    the table exists, is granted, and is private (public tables: later)
+3. `_check_where`      the row predicate is an allowlisted, deterministic boolean expression
+4. `_resolve_keys`     GROUP BY keys are columns with public values (never the privacy unit)
+5. `_collect_aggregates` every aggregate is in the rule table and its argument is bounded
+6. `_resolve_outputs`  outputs, HAVING and ORDER BY only post-process aggregates and keys
+
+Nothing here touches data; the result says exactly what will be measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from ..errors import (
+    DatatypeMismatch,
+    GroupingError,
+    NotSupportedError,
+    PrivacyViolation,
+    ProgrammingError,
+    UndefinedTable,
+)
+from ..policy import AnalystPolicy, ColumnPolicy, Policy, TablePolicy
+from ..postprocess import OUTPUT_FUNCTIONS_HELP, check_output_expression, output_name
+from .aggregates import RULES, SUPPORTED_HELP, AggregateRule, Statistic
+from .expressions import ExprType, Resolver, make_resolver, type_row_expression
+
+__all__ = ["AggregateCall", "Analysis", "ConstantQuery", "GroupKey", "OrderItem", "Output",
+           "analyze"]
+
+
+@dataclass(frozen=True)
+class GroupKey:
+    name: str
+    column: ColumnPolicy
+    values: tuple[object, ...]  # the public values: every one is released, zeros included
+
+
+@dataclass(frozen=True)
+class AggregateCall:
+    sql: str  # canonical SQL of the aggregate as written; outputs refer to it by this text
+    rule: AggregateRule
+    statistics: tuple[int, ...]  # indexes into Analysis.statistics
+
+
+@dataclass(frozen=True)
+class Output:
+    name: str
+    expression: exp.Expression  # over aggregates (leaves) and group-key columns
+    aggregate: int | None  # index into Analysis.aggregates when the output is one aggregate
+    key: int | None  # index into Analysis.keys when the output is one group key
+
+
+@dataclass(frozen=True)
+class OrderItem:
+    expression: exp.Expression
+    descending: bool
+    nulls_first: bool
+
+
+@dataclass(frozen=True)
+class Analysis:
+    table: TablePolicy
+    where: exp.Expression | None
+    keys: tuple[GroupKey, ...]
+    statistics: tuple[Statistic, ...]
+    aggregates: tuple[AggregateCall, ...]
+    outputs: tuple[Output, ...]
+    having: exp.Expression | None
+    order: tuple[OrderItem, ...]
+    limit: int | None
+    offset: int
+    statement: str  # the normalized query, for the ledger, audit log and cache
+
+    @property
+    def group_count(self) -> int:
+        count = 1
+        for key in self.keys:
+            count *= len(key.values)
+        return count
+
+
+@dataclass(frozen=True)
+class ConstantQuery:
+    """A SELECT without FROM (`SELECT 1`): no data, nothing to protect."""
+
+    outputs: tuple[Output, ...]
+    statement: str
+
+
+_UNSUPPORTED_CLAUSES = {
+    "with_": ("WITH (common table expressions)", "query the table directly"),
+    "joins": ("JOIN", "joins with public tables are planned; query one table for now"),
+    "laterals": ("LATERAL", "query one table"),
+    "distinct": ("SELECT DISTINCT", "use GROUP BY with an aggregate such as COUNT(*)"),
+    "qualify": ("QUALIFY", "filter outputs with HAVING"),
+    "windows": ("WINDOW", "use GROUP BY"),
+    "into": ("SELECT INTO", "dpproxy is read-only"),
+    "locks": ("FOR UPDATE/SHARE", "dpproxy is read-only"),
+    "sample": ("TABLESAMPLE", "sampling is not supported"),
+    "pivots": ("PIVOT", "use GROUP BY"),
+    "connect": ("CONNECT BY", "not supported"),
+    "prewhere": ("PREWHERE", "use WHERE"),
+}
+_MAX_GROUPS = 100_000
+
+
+def analyze(select: exp.Expression, policy: Policy, analyst: AnalystPolicy
+            ) -> Analysis | ConstantQuery:
+    """Check a parsed (parameter-bound) query and describe what it measures."""
+    _check_shape(select)
+    assert isinstance(select, exp.Select)
+    statement = select.sql("postgres")
+    if select.args.get("from_") is None:
+        return _constant_query(select, statement)
+    table, alias = _resolve_table(select, policy, analyst)
+    resolve = make_resolver(table.name, alias, table.columns)
+    where = _check_where(select, resolve)
+    keys = _resolve_keys(select, table, resolve)
+    statistics, aggregates = _collect_aggregates(select, table, resolve)
+    outputs, having, order = _resolve_outputs(select, keys, aggregates, resolve)
+    limit, offset = _limit_offset(select)
+    return Analysis(table, where, keys, statistics, aggregates, outputs, having, order, limit,
+                    offset, statement)
+
+
+# 1 -------------------------------------------------------------------------------------------
+def _check_shape(select: exp.Expression) -> None:
+    if isinstance(select, exp.SetOperation):
+        raise NotSupportedError(
+            f"set operations ({select.key.upper()}) are not supported",
+            hint="run each SELECT on its own; every query is charged separately")
+    if not isinstance(select, exp.Select):
+        raise NotSupportedError(f"{select.key.upper()} statements are not supported")
+    for arg, (what, fix) in _UNSUPPORTED_CLAUSES.items():
+        if select.args.get(arg):
+            raise NotSupportedError(f"{what} is not supported", hint=fix)
+    window = select.find(exp.Window)
+    if window is not None:
+        raise NotSupportedError("window functions are not supported",
+                                hint="use GROUP BY with COUNT, SUM or AVG")
+    for sub in select.find_all(exp.Select, exp.Subquery):
+        if sub is not select:
+            raise NotSupportedError(
+                "subqueries are not supported",
+                hint="write one SELECT over one table; filter with WHERE on its columns")
+
+
+def _constant_query(select: exp.Select, statement: str) -> ConstantQuery:
+    for clause in ("where", "group", "having"):
+        if select.args.get(clause):
+            raise NotSupportedError(f"{clause.upper()} needs a FROM clause")
+    outputs = []
+    for item in select.expressions:
+        body = item.this if isinstance(item, exp.Alias) else item
+        if body.find(exp.Column, exp.AggFunc):
+            raise ProgrammingError(f"{body.sql('postgres')} needs a FROM clause")
+        check_output_expression(body, lambda node: None)
+        outputs.append(Output(output_name(item), body, None, None))
+    return ConstantQuery(tuple(outputs), statement)
+
+
+# 2 -------------------------------------------------------------------------------------------
+def _resolve_table(select: exp.Select, policy: Policy, analyst: AnalystPolicy
+                   ) -> tuple[TablePolicy, str | None]:
+    source = select.args["from_"].this
+    if isinstance(source, exp.Subquery):
+        raise NotSupportedError("subqueries in FROM are not supported",
+                                hint="query the table directly")
+    if not isinstance(source, exp.Table) or not isinstance(source.this, exp.Identifier):
+        raise NotSupportedError(f"FROM {source.sql('postgres')} is not supported",
+                                hint="name one table of the policy")
+    if source.catalog or (source.db and source.db.lower() != "public"):
+        raise UndefinedTable(f"relation {source.sql('postgres')} does not exist",
+                             hint="tables live in schema public")
+    name = source.name
+    table = policy.tables.get(name) or next(
+        (t for t in policy.tables.values() if t.name.lower() == name.lower()), None)
+    granted = [t for t in analyst.tables]
+    if table is None:
+        raise UndefinedTable(f'relation "{name}" does not exist',
+                             hint=f"tables you may query: {', '.join(granted) or 'none'}")
+    if table.name not in analyst.tables:
+        raise PrivacyViolation(f"permission denied for table {table.name}",
+                               hint=f"tables granted to {analyst.name}: "
+                                    f"{', '.join(granted) or 'none'}")
+    if table.public:
+        raise NotSupportedError(f"{table.name} is a public lookup table; reading it directly "
+                                "is not supported yet", hint="query a private table")
+    return table, source.alias or None
+
+
+# 3 -------------------------------------------------------------------------------------------
+def _check_where(select: exp.Select, resolve: Resolver) -> exp.Expression | None:
+    where = select.args.get("where")
+    if where is None:
+        return None
+    predicate = where.this
+    kind = type_row_expression(predicate, resolve).kind
+    if kind not in ("bool", "null"):
+        raise DatatypeMismatch(f"argument of WHERE must be a boolean, got {kind}")
+    return predicate
+
+
+# 4 -------------------------------------------------------------------------------------------
+def _resolve_keys(select: exp.Select, table: TablePolicy, resolve: Resolver
+                  ) -> tuple[GroupKey, ...]:
+    group = select.args.get("group")
+    if group is None:
+        return ()
+    if any(group.args.get(k) for k in ("grouping_sets", "cube", "rollup")):
+        raise NotSupportedError("GROUPING SETS, CUBE and ROLLUP are not supported",
+                                hint="run one GROUP BY per grouping")
+    keys: list[GroupKey] = []
+    for item in group.expressions:
+        node = _dereference(item, select.expressions)
+        if not isinstance(node, exp.Column):
+            raise NotSupportedError(
+                f"GROUP BY {node.sql('postgres')} is not supported",
+                hint="group by columns whose values the policy declares public")
+        column = resolve(node)
+        if column.name == table.privacy_unit:
+            raise PrivacyViolation(
+                f"GROUP BY the privacy unit {column.name} would release one group per unit",
+                hint=f"count units instead: COUNT(DISTINCT {column.name})")
+        if column.public_values is None:
+            raise NotSupportedError(
+                f"GROUP BY {column.name}: its values are not declared public, and partition "
+                "selection for private group keys is not available yet",
+                hint=f"group by a column with public_values, e.g. "
+                     f"{_public_columns(table) or 'none in this table'}")
+        if any(k.name == column.name for k in keys):
+            continue
+        keys.append(GroupKey(column.name, column, column.public_values))
+    count = 1
+    for key in keys:
+        count *= len(key.values)
+    if count > _MAX_GROUPS:
+        raise NotSupportedError(f"GROUP BY would release {count:,} groups (at most "
+                                f"{_MAX_GROUPS:,})", hint="group by fewer columns")
+    return tuple(keys)
+
+
+def _public_columns(table: TablePolicy) -> str:
+    return ", ".join(c.name for c in table.columns.values() if c.public_values is not None)
+
+
+def _dereference(item: exp.Expression, select_items: Sequence[exp.Expression]) -> exp.Expression:
+    """GROUP BY 1 and GROUP BY alias refer to select-list items, as in PostgreSQL."""
+    if isinstance(item, exp.Literal) and not item.is_string:
+        index = int(item.this)
+        if not 1 <= index <= len(select_items):
+            raise ProgrammingError(f"GROUP BY position {index} is not in select list")
+        target = select_items[index - 1]
+        return target.this if isinstance(target, exp.Alias) else target
+    if isinstance(item, exp.Column) and not item.table:
+        for target in select_items:
+            if isinstance(target, exp.Alias) and target.alias == item.name \
+                    and isinstance(target.this, exp.Column):
+                return target.this
+    return item
+
+
+# 5 -------------------------------------------------------------------------------------------
+def _clamp_hint(function: str, arg: exp.Expression, t: ExprType) -> str:
+    lo = f"{t.lower:g}" if t.lower != float("-inf") else "<lower>"
+    hi = f"{t.upper:g}" if t.upper != float("inf") else "<upper>"
+    text = arg.sql("postgres")
+    return (f"clamp the argument to bounds you choose, e.g. "
+            f"{function}(LEAST(GREATEST({text}, {lo}), {hi})), or declare lower/upper for the "
+            "column in the policy")
+
+
+def _aggregate_parts(node: exp.AggFunc, table: TablePolicy
+                     ) -> tuple[str, exp.Expression | None]:
+    """The rule name and the row-expression argument of an aggregate call."""
+    arg = node.this
+    if isinstance(node, exp.Count):
+        if isinstance(arg, exp.Star):
+            return "count", None
+        if isinstance(arg, exp.Distinct):
+            cols = arg.expressions
+            if len(cols) == 1 and isinstance(cols[0], exp.Column) \
+                    and cols[0].name == table.privacy_unit:
+                return "count_units", None
+            raise NotSupportedError(
+                f"{node.sql('postgres')}: COUNT(DISTINCT …) is supported only over the privacy "
+                f"unit ({table.privacy_unit or 'this table has none'})",
+                hint="a distinct count of another column has no bound on what one unit adds")
+        return "count", arg
+    if isinstance(node, exp.Sum | exp.Avg):
+        if isinstance(arg, exp.Distinct):
+            raise NotSupportedError(f"{node.key.upper()}(DISTINCT …) is not supported")
+        return node.key.lower(), arg
+    raise NotSupportedError(f"aggregate {node.sql_name()} is not supported",
+                            hint=f"supported aggregates: {SUPPORTED_HELP}")
+
+
+def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolver
+                        ) -> tuple[tuple[Statistic, ...], tuple[AggregateCall, ...]]:
+    statistics: list[Statistic] = []
+    aggregates: dict[str, AggregateCall] = {}
+    places: list[exp.Expression] = list(select.expressions)
+    for clause in ("having", "order"):
+        if select.args.get(clause) is not None:
+            places.append(select.args[clause])
+    for place in places:
+        for node in place.find_all(exp.AggFunc):
+            if node.find_ancestor(exp.AggFunc) is not None:
+                raise GroupingError(f"aggregate calls cannot be nested: {node.sql('postgres')}")
+            key = node.sql("postgres")
+            if key in aggregates:
+                continue
+            if node.parent is not None and isinstance(node.parent, exp.Filter):
+                raise NotSupportedError("aggregate FILTER (WHERE …) is not supported",
+                                        hint="use CASE WHEN … THEN … END inside the aggregate")
+            rule_name, arg = _aggregate_parts(node, table)
+            rule = RULES[rule_name]
+            arg_type = None
+            if arg is not None:
+                arg_type = type_row_expression(arg, resolve)
+                if rule_name in ("sum", "avg"):
+                    if arg_type.kind not in ("num", "null"):
+                        raise DatatypeMismatch(f"{rule_name.upper()} needs a number, got "
+                                               f"{arg_type.kind}: {arg.sql('postgres')}")
+                    if not arg_type.bounded:
+                        raise PrivacyViolation(
+                            f"{key}: no bound is known for {arg.sql('postgres')}, so one "
+                            "person could change the result without limit",
+                            hint=_clamp_hint(rule_name.upper(), arg, arg_type))
+            indexes = []
+            for statistic in rule.statistics(arg, arg_type):
+                same = next((i for i, s in enumerate(statistics)
+                             if s.identity == statistic.identity), None)
+                if same is None:
+                    statistics.append(statistic)
+                    same = len(statistics) - 1
+                indexes.append(same)
+            aggregates[key] = AggregateCall(key, rule, tuple(indexes))
+    return tuple(statistics), tuple(aggregates.values())
+
+
+# 6 -------------------------------------------------------------------------------------------
+def _resolve_outputs(select: exp.Select, keys: tuple[GroupKey, ...],
+                     aggregates: tuple[AggregateCall, ...], resolve: Resolver
+                     ) -> tuple[tuple[Output, ...], exp.Expression | None, tuple[OrderItem, ...]]:
+    key_names = [k.name for k in keys]
+    aggregate_index = {a.sql: i for i, a in enumerate(aggregates)}
+
+    def check_key(node: exp.Column) -> None:
+        column = resolve(node)
+        if column.name not in key_names:
+            raise PrivacyViolation(
+                f"column {column.name} is neither aggregated nor a GROUP BY key: its raw "
+                "values would be released",
+                hint=f"aggregate it (COUNT, SUM, AVG) or GROUP BY {column.name} if its values "
+                     "are public")
+
+    outputs: list[Output] = []
+    for item in select.expressions:
+        if isinstance(item, exp.Star) or (isinstance(item, exp.Column)
+                                          and isinstance(item.this, exp.Star)):
+            raise PrivacyViolation("SELECT * would release raw rows",
+                                   hint="select aggregates, e.g. SELECT COUNT(*) FROM …")
+        body = item.this if isinstance(item, exp.Alias) else item
+        check_output_expression(body, check_key)
+        key_index = None
+        if isinstance(body, exp.Column):
+            key_index = key_names.index(resolve(body).name)
+        outputs.append(Output(output_name(item), body, aggregate_index.get(body.sql("postgres")),
+                              key_index))
+
+    aliases = {o.name: o.expression for o in outputs}
+
+    def substitute_aliases(node: exp.Expression, keys_first: bool) -> exp.Expression:
+        def swap(n: exp.Expression) -> exp.Expression:
+            if isinstance(n, exp.Column) and not n.table and n.name in aliases \
+                    and not (keys_first and n.name in key_names) \
+                    and n.find_ancestor(exp.AggFunc) is None:
+                return aliases[n.name].copy()
+            return n
+        return node.transform(swap)
+
+    having = None
+    if select.args.get("having") is not None:
+        having = substitute_aliases(select.args["having"].this, keys_first=True)
+        check_output_expression(having, check_key)
+
+    order: list[OrderItem] = []
+    if select.args.get("order") is not None:
+        for ordered in select.args["order"].expressions:
+            target = ordered.this
+            if isinstance(target, exp.Literal) and not target.is_string:
+                index = int(target.this)
+                if not 1 <= index <= len(outputs):
+                    raise ProgrammingError(f"ORDER BY position {index} is not in select list")
+                target = outputs[index - 1].expression
+            else:
+                target = substitute_aliases(target, keys_first=False)
+            check_output_expression(target, check_key)
+            descending = bool(ordered.args.get("desc"))
+            nulls_first = ordered.args.get("nulls_first")
+            # PostgreSQL's default: NULLS LAST when ascending, NULLS FIRST when descending
+            order.append(OrderItem(target, descending,
+                                   bool(nulls_first) if nulls_first is not None else descending))
+    return tuple(outputs), having, tuple(order)
+
+
+def _limit_offset(select: exp.Select) -> tuple[int | None, int]:
+    def constant(clause: str) -> int | None:
+        node = select.args.get(clause)
+        if node is None:
+            return None
+        value = node.expression
+        if isinstance(value, exp.Null):
+            return None
+        if not isinstance(value, exp.Literal) or value.is_string or not value.this.isdigit():
+            raise NotSupportedError(f"{clause.upper()} must be a non-negative integer constant")
+        return int(value.this)
+
+    return constant("limit"), constant("offset") or 0
+
+
+__all__ += ["OUTPUT_FUNCTIONS_HELP"]

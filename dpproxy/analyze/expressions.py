@@ -1,0 +1,516 @@
+"""Type and bound row expressions: the interval-arithmetic pass.
+
+Every expression evaluated on private rows (WHERE predicates, aggregate
+arguments, group keys) goes through `type_row_expression`. It accepts only an
+allowlist of deterministic node types, so whatever reaches the backend is a
+function we know how to make total (no data-dependent errors), and it derives
+value bounds from the policy's column metadata.
+
+>>> from sqlglot import parse_one
+>>> from dpproxy.policy import ColumnPolicy
+>>> cols = {"age": ColumnPolicy("age", "int", 17, 90, nullable=False)}
+>>> t = type_row_expression(parse_one("age * 52 - 100", read="postgres"), cols)
+>>> (t.kind, t.lower, t.upper, t.integer)
+('num', 784.0, 4580.0, True)
+>>> t = type_row_expression(parse_one("LEAST(GREATEST(age / 0.5, 0), 100)", read="postgres"), cols)
+>>> (t.lower, t.upper)
+(0.0, 100.0)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from sqlglot import exp
+
+from ..errors import (
+    DatatypeMismatch,
+    GroupingError,
+    NotSupportedError,
+    ProgrammingError,
+    UndefinedColumn,
+)
+from ..policy import ColumnPolicy
+
+Kind = Literal["num", "text", "date", "bool", "null", "unknown"]
+INF = math.inf
+
+# Node types whose value is a truth value; their operands only need compatible kinds.
+_COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ,
+                exp.NullSafeNEQ)
+_NUMERIC_TYPES = {
+    exp.DataType.Type.TINYINT, exp.DataType.Type.SMALLINT, exp.DataType.Type.INT,
+    exp.DataType.Type.BIGINT, exp.DataType.Type.INT128, exp.DataType.Type.FLOAT,
+    exp.DataType.Type.DOUBLE, exp.DataType.Type.DECIMAL, exp.DataType.Type.UTINYINT,
+    exp.DataType.Type.USMALLINT, exp.DataType.Type.UINT, exp.DataType.Type.UBIGINT,
+}
+_INTEGER_TYPES = {
+    exp.DataType.Type.TINYINT, exp.DataType.Type.SMALLINT, exp.DataType.Type.INT,
+    exp.DataType.Type.BIGINT, exp.DataType.Type.INT128, exp.DataType.Type.UTINYINT,
+    exp.DataType.Type.USMALLINT, exp.DataType.Type.UINT, exp.DataType.Type.UBIGINT,
+}
+_TEXT_TYPES = {exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR, exp.DataType.Type.CHAR,
+               exp.DataType.Type.NCHAR, exp.DataType.Type.NVARCHAR}
+_DATE_TYPES = {exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP,
+               exp.DataType.Type.TIMESTAMPTZ}
+# Bounds of EXTRACT(part FROM date); parts not listed are unbounded (e.g. year).
+_EXTRACT_BOUNDS: dict[str, tuple[float, float]] = {
+    "month": (1, 12), "day": (1, 31), "dow": (0, 6), "isodow": (1, 7), "doy": (1, 366),
+    "quarter": (1, 4), "hour": (0, 23), "minute": (0, 59), "week": (1, 53),
+}
+_ROW_FUNCTIONS_HELP = (
+    "+ - * / %, ABS, ROUND, FLOOR, CEIL, LEAST, GREATEST, CASE, COALESCE, NULLIF, CAST, "
+    "comparisons, AND/OR/NOT, IN (list), BETWEEN, LIKE/ILIKE, IS NULL, LOWER, UPPER, LENGTH, "
+    "TRIM, SUBSTRING, ||, EXTRACT, DATE_TRUNC"
+)
+
+
+@dataclass(frozen=True)
+class ExprType:
+    """What the analyzer knows of a row expression's values."""
+
+    kind: Kind
+    lower: float = -INF
+    upper: float = INF
+    integer: bool = False
+    nullable: bool = True
+
+    @property
+    def bounded(self) -> bool:
+        return math.isfinite(self.lower) and math.isfinite(self.upper)
+
+
+def _num(lower: float, upper: float, integer: bool, nullable: bool) -> ExprType:
+    lo, hi = float(lower), float(upper)
+    if math.isnan(lo) or math.isnan(hi):
+        lo, hi = -INF, INF
+    return ExprType("num", lo, hi, integer, nullable)
+
+
+def _mul(a: float, b: float) -> float:
+    # 0 × ∞ = 0 here: a factor that is exactly 0 makes the product 0 whatever the other is
+    if a == 0 or b == 0:
+        return 0.0
+    return a * b
+
+
+def _compatible(a: ExprType, b: ExprType) -> bool:
+    if "null" in (a.kind, b.kind) or "unknown" in (a.kind, b.kind):
+        return True  # NULL and quoted literals coerce (PostgreSQL's "unknown" type)
+    return a.kind == b.kind
+
+
+def column_name(node: exp.Column) -> str:
+    return node.name
+
+
+Resolver = Callable[[exp.Column], ColumnPolicy]
+
+
+def make_resolver(table_name: str, alias: str | None, columns: Mapping[str, ColumnPolicy]
+                  ) -> Resolver:
+    """A function mapping a column reference to its policy, or raising 42703."""
+    qualifiers = {table_name.lower()} | ({alias.lower()} if alias else set())
+
+    def resolve(node: exp.Column) -> ColumnPolicy:
+        if node.table and node.table.lower() not in qualifiers:
+            raise UndefinedColumn(
+                f"missing FROM-clause entry for table {node.table!r}",
+                hint=f"columns of {table_name} can be written as {table_name}.column")
+        policy = columns.get(node.name) or next(
+            (c for name, c in columns.items() if name.lower() == node.name.lower()), None)
+        if policy is None:
+            raise UndefinedColumn(
+                f"column {node.name!r} does not exist in table {table_name}",
+                hint=f"columns of {table_name}: {', '.join(columns)}")
+        return policy
+
+    return resolve
+
+
+def type_row_expression(node: exp.Expression, columns: Mapping[str, ColumnPolicy] | Resolver
+                        ) -> ExprType:
+    """Type and bound a deterministic row expression; reject anything off the allowlist."""
+    resolve = columns if callable(columns) else make_resolver("", None, columns)
+    return _RowTyper(resolve).visit(node)
+
+
+class _RowTyper:
+    def __init__(self, resolve: Resolver) -> None:
+        self.resolve = resolve
+
+    def visit(self, node: exp.Expression) -> ExprType:
+        handler = getattr(self, f"_{type(node).__name__}", None)
+        if handler is not None:
+            return handler(node)
+        if isinstance(node, _COMPARISONS):
+            return self._comparison(node)
+        if isinstance(node, exp.AggFunc):
+            raise GroupingError(
+                f"aggregate {node.sql('postgres')} is not allowed inside a row expression",
+                hint="aggregates may appear in the SELECT list, HAVING and ORDER BY only, "
+                     "and never nested")
+        if isinstance(node, exp.Window):
+            raise NotSupportedError("window functions are not supported",
+                                    hint="use GROUP BY with COUNT, SUM or AVG")
+        if isinstance(node, exp.Subquery | exp.Select | exp.Exists):
+            raise NotSupportedError("subqueries are not supported in row expressions",
+                                    hint="filter with a predicate on the table's own columns")
+        if isinstance(node, exp.Placeholder | exp.Parameter):
+            raise ProgrammingError("a query parameter was not bound to a value",
+                                   hint="pass one parameter per placeholder")
+        name = node.sql("postgres") if not isinstance(node, exp.Func) else node.sql_name()
+        raise NotSupportedError(
+            f"{name} is not supported in a row expression",
+            hint=f"supported: {_ROW_FUNCTIONS_HELP}")
+
+    # leaves -------------------------------------------------------------------------------
+    def _Column(self, node: exp.Column) -> ExprType:
+        if isinstance(node.this, exp.Star):
+            raise NotSupportedError("* is only allowed as COUNT(*)")
+        col = self.resolve(node)
+        if col.type in ("int", "float"):
+            lo = col.lower if col.lower is not None else -INF
+            hi = col.upper if col.upper is not None else INF
+            return _num(lo, hi, col.type == "int", col.nullable)
+        return ExprType(col.type, nullable=col.nullable)  # type: ignore[arg-type]
+
+    def _Literal(self, node: exp.Literal) -> ExprType:
+        if node.is_string:
+            return ExprType("unknown", nullable=False)
+        value = float(node.this)
+        return _num(value, value, float(value).is_integer() and "." not in node.this
+                    and "e" not in node.this.lower(), False)
+
+    def _Null(self, node: exp.Null) -> ExprType:
+        return ExprType("null")
+
+    def _Boolean(self, node: exp.Boolean) -> ExprType:
+        return ExprType("bool", nullable=False)
+
+    def _Paren(self, node: exp.Paren) -> ExprType:
+        return self.visit(node.this)
+
+    def _Alias(self, node: exp.Alias) -> ExprType:
+        return self.visit(node.this)
+
+    # arithmetic ----------------------------------------------------------------------------
+    def _numeric(self, node: exp.Expression, what: str) -> ExprType:
+        t = self.visit(node)
+        if t.kind == "null":
+            return ExprType("num")
+        if t.kind == "unknown":
+            return ExprType("num", nullable=False)  # '3' + 1 is 4 in PostgreSQL
+        if t.kind != "num":
+            raise DatatypeMismatch(f"{what} needs a number, got {t.kind}: {node.sql('postgres')}")
+        return t
+
+    def _Neg(self, node: exp.Neg) -> ExprType:
+        t = self._numeric(node.this, "minus")
+        return replace(t, lower=-t.upper, upper=-t.lower)
+
+    def _Add(self, node: exp.Add) -> ExprType:
+        a, b = self.visit(node.this), self.visit(node.expression)
+        if "date" in (a.kind, b.kind):
+            return ExprType("date", nullable=a.nullable or b.nullable)
+        a, b = self._numeric(node.this, "+"), self._numeric(node.expression, "+")
+        return _num(a.lower + b.lower, a.upper + b.upper, a.integer and b.integer,
+                    a.nullable or b.nullable)
+
+    def _Sub(self, node: exp.Sub) -> ExprType:
+        a, b = self.visit(node.this), self.visit(node.expression)
+        if a.kind == "date" and b.kind == "date":
+            return ExprType("num", integer=True, nullable=a.nullable or b.nullable)
+        if a.kind == "date":
+            return ExprType("date", nullable=a.nullable or b.nullable)
+        a, b = self._numeric(node.this, "-"), self._numeric(node.expression, "-")
+        return _num(a.lower - b.upper, a.upper - b.lower, a.integer and b.integer,
+                    a.nullable or b.nullable)
+
+    def _Mul(self, node: exp.Mul) -> ExprType:
+        a, b = self._numeric(node.this, "*"), self._numeric(node.expression, "*")
+        products = [_mul(x, y) for x in (a.lower, a.upper) for y in (b.lower, b.upper)]
+        return _num(min(products), max(products), a.integer and b.integer,
+                    a.nullable or b.nullable)
+
+    def _Div(self, node: exp.Div) -> ExprType:
+        a, b = self._numeric(node.this, "/"), self._numeric(node.expression, "/")
+        integer = a.integer and b.integer and bool(node.args.get("typed"))
+        # A divisor that can be 0 is rewritten to NULLIF(divisor, 0): the result may be NULL
+        # and, unless the divisor is bounded away from 0, it is unbounded.
+        if b.lower > 0 or b.upper < 0:
+            quotients = [x / y for x in (a.lower, a.upper) for y in (b.lower, b.upper)
+                         if math.isfinite(y)] or [-INF, INF]
+            if not (math.isfinite(a.lower) and math.isfinite(a.upper)):
+                quotients += [-INF, INF] if not (a.lower >= 0 or a.upper <= 0) else []
+            lo, hi = min(quotients), max(quotients)
+            if integer:
+                lo, hi = float(math.trunc(lo)) if math.isfinite(lo) else lo, \
+                    float(math.trunc(hi)) if math.isfinite(hi) else hi
+            return _num(lo, hi, integer, a.nullable or b.nullable)
+        return _num(-INF, INF, integer, True)
+
+    def _Mod(self, node: exp.Mod) -> ExprType:
+        a, b = self._numeric(node.this, "%"), self._numeric(node.expression, "%")
+        m = max(abs(b.lower), abs(b.upper))
+        reach = min(max(abs(a.lower), abs(a.upper)), m)
+        lo = 0.0 if a.lower >= 0 else -reach
+        hi = 0.0 if a.upper <= 0 else reach
+        return _num(lo, hi, a.integer and b.integer, True)
+
+    def _Abs(self, node: exp.Abs) -> ExprType:
+        t = self._numeric(node.this, "ABS")
+        lo = 0.0 if t.lower <= 0 <= t.upper else min(abs(t.lower), abs(t.upper))
+        return replace(t, lower=lo, upper=max(abs(t.lower), abs(t.upper)))
+
+    def _rounding(self, node: exp.Expression, name: str, digits: exp.Expression | None
+                  ) -> ExprType:
+        t = self._numeric(node.this, name)
+        d = 0
+        if digits is not None:
+            if not isinstance(digits, exp.Literal) or digits.is_string:
+                raise NotSupportedError(f"{name} takes a constant number of digits")
+            d = int(float(digits.this))
+        step = 10.0 ** (-d)
+        return replace(t, lower=t.lower - step, upper=t.upper + step, integer=d <= 0)
+
+    def _Round(self, node: exp.Round) -> ExprType:
+        return self._rounding(node, "ROUND", node.args.get("decimals"))
+
+    def _Floor(self, node: exp.Floor) -> ExprType:
+        return self._rounding(node, "FLOOR", node.args.get("decimals"))
+
+    def _Ceil(self, node: exp.Ceil) -> ExprType:
+        return self._rounding(node, "CEIL", node.args.get("decimals"))
+
+    def _extremum(self, node: exp.Expression, smallest: bool) -> ExprType:
+        args = [node.this, *node.expressions]
+        types = [self.visit(a) for a in args]
+        kinds = {t.kind for t in types} - {"null", "unknown"}
+        if len(kinds) > 1:
+            raise DatatypeMismatch(f"{node.sql_name()} arguments have different types: "
+                                   f"{', '.join(sorted(kinds))}")
+        if kinds and kinds != {"num"}:
+            return ExprType(kinds.pop(), nullable=all(t.nullable for t in types))
+        nums = [t if t.kind == "num" else ExprType("num", nullable=t.kind == "null")
+                for t in types]
+        # NULL arguments are skipped, so a nullable argument may be absent: only arguments
+        # that are never NULL constrain the result from the other side.
+        present = [t for t in nums if not t.nullable]
+        if smallest:
+            lo = min(t.lower for t in nums)
+            hi = min(t.upper for t in present) if present else max(t.upper for t in nums)
+        else:
+            hi = max(t.upper for t in nums)
+            lo = max(t.lower for t in present) if present else min(t.lower for t in nums)
+        return _num(lo, hi, all(t.integer for t in nums), not present)
+
+    def _Least(self, node: exp.Least) -> ExprType:
+        return self._extremum(node, smallest=True)
+
+    def _Greatest(self, node: exp.Greatest) -> ExprType:
+        return self._extremum(node, smallest=False)
+
+    def _union(self, types: list[ExprType], nullable: bool, what: str) -> ExprType:
+        kinds = {t.kind for t in types} - {"null", "unknown"}
+        if len(kinds) > 1:
+            raise DatatypeMismatch(f"{what} branches have different types: "
+                                   f"{', '.join(sorted(kinds))}")
+        kind = kinds.pop() if kinds else ("unknown" if any(t.kind == "unknown" for t in types)
+                                          else "null")
+        if kind != "num":
+            return ExprType(kind, nullable=nullable)  # type: ignore[arg-type]
+        nums = [t for t in types if t.kind == "num"]
+        if any(t.kind == "unknown" for t in types):
+            return ExprType("num", nullable=nullable)
+        return _num(min(t.lower for t in nums), max(t.upper for t in nums),
+                    all(t.integer for t in nums), nullable)
+
+    def _Case(self, node: exp.Case) -> ExprType:
+        if node.this is not None:  # CASE x WHEN v THEN ...: compare x with each v
+            subject = self.visit(node.this)
+            for branch in node.args.get("ifs", []):
+                if not _compatible(subject, self.visit(branch.this)):
+                    raise DatatypeMismatch(f"CASE compares {subject.kind} with "
+                                           f"{branch.this.sql('postgres')}")
+        else:
+            for branch in node.args.get("ifs", []):
+                self._predicate(branch.this, "CASE WHEN")
+        results = [self.visit(b.args["true"]) for b in node.args.get("ifs", [])]
+        default = node.args.get("default")
+        if default is not None:
+            results.append(self.visit(default))
+        nullable = default is None or any(t.nullable for t in results)
+        return self._union(results, nullable, "CASE")
+
+    def _If(self, node: exp.If) -> ExprType:
+        self._predicate(node.this, "IF")
+        branches = [self.visit(node.args["true"])]
+        false = node.args.get("false")
+        if false is not None:
+            branches.append(self.visit(false))
+        return self._union(branches, false is None or any(t.nullable for t in branches), "IF")
+
+    def _Coalesce(self, node: exp.Coalesce) -> ExprType:
+        types = [self.visit(a) for a in (node.this, *node.expressions)]
+        return self._union(types, all(t.nullable for t in types), "COALESCE")
+
+    def _Nullif(self, node: exp.Nullif) -> ExprType:
+        a, b = self.visit(node.this), self.visit(node.expression)
+        if not _compatible(a, b):
+            raise DatatypeMismatch(f"NULLIF compares {a.kind} with {b.kind}")
+        return replace(a, nullable=True)
+
+    def _cast(self, node: exp.Cast | exp.TryCast) -> ExprType:
+        source = self.visit(node.this)
+        target = node.to.this
+        if target in _NUMERIC_TYPES:
+            integer = target in _INTEGER_TYPES
+            if source.kind == "num":
+                lo, hi = source.lower, source.upper
+                if integer:  # rounding to the nearest integer moves a value by at most 1/2
+                    lo, hi = math.floor(lo - 0.5), math.ceil(hi + 0.5)
+                return _num(lo, hi, integer, source.nullable or isinstance(node, exp.TryCast))
+            return _num(-INF, INF, integer, True)  # a failed cast becomes NULL (TRY_CAST)
+        if target in _TEXT_TYPES:
+            return ExprType("text", nullable=source.nullable)
+        if target in _DATE_TYPES:
+            return ExprType("date", nullable=True)
+        if target == exp.DataType.Type.BOOLEAN:
+            return ExprType("bool", nullable=True)
+        raise NotSupportedError(f"CAST to {node.to.sql('postgres')} is not supported",
+                                hint="cast to a number, text, date or boolean type")
+
+    def _Cast(self, node: exp.Cast) -> ExprType:
+        return self._cast(node)
+
+    def _TryCast(self, node: exp.TryCast) -> ExprType:
+        return self._cast(node)
+
+    # predicates ---------------------------------------------------------------------------
+    def _predicate(self, node: exp.Expression, where: str) -> ExprType:
+        t = self.visit(node)
+        if t.kind not in ("bool", "null"):
+            raise DatatypeMismatch(f"argument of {where} must be a boolean, got {t.kind}: "
+                                   f"{node.sql('postgres')}")
+        return t
+
+    def _comparison(self, node: exp.Expression) -> ExprType:
+        a, b = self.visit(node.this), self.visit(node.expression)
+        if not _compatible(a, b):
+            raise DatatypeMismatch(
+                f"cannot compare {a.kind} with {b.kind}: {node.sql('postgres')}",
+                hint="compare values of the same type, or CAST one side")
+        return ExprType("bool", nullable=a.nullable or b.nullable)
+
+    def _logical(self, node: exp.Expression) -> ExprType:
+        a = self._predicate(node.this, node.key.upper())
+        b = self._predicate(node.expression, node.key.upper())
+        return ExprType("bool", nullable=a.nullable or b.nullable)
+
+    def _And(self, node: exp.And) -> ExprType:
+        return self._logical(node)
+
+    def _Or(self, node: exp.Or) -> ExprType:
+        return self._logical(node)
+
+    def _Not(self, node: exp.Not) -> ExprType:
+        return self._predicate(node.this, "NOT")
+
+    def _Is(self, node: exp.Is) -> ExprType:
+        self.visit(node.this)
+        if not isinstance(node.expression, exp.Null | exp.Boolean):
+            raise NotSupportedError("IS is supported with NULL, TRUE and FALSE")
+        return ExprType("bool", nullable=False)
+
+    def _In(self, node: exp.In) -> ExprType:
+        if node.args.get("query") is not None or node.args.get("unnest") is not None:
+            raise NotSupportedError("IN (subquery) is not supported",
+                                    hint="list the values: x IN ('a', 'b')")
+        subject = self.visit(node.this)
+        for item in node.expressions:
+            if not _compatible(subject, self.visit(item)):
+                raise DatatypeMismatch(f"IN list item {item.sql('postgres')} does not match "
+                                       f"{subject.kind}")
+        return ExprType("bool")
+
+    def _Between(self, node: exp.Between) -> ExprType:
+        subject = self.visit(node.this)
+        for bound in (node.args["low"], node.args["high"]):
+            if not _compatible(subject, self.visit(bound)):
+                raise DatatypeMismatch(f"BETWEEN bound {bound.sql('postgres')} does not match "
+                                       f"{subject.kind}")
+        return ExprType("bool")
+
+    def _text_predicate(self, node: exp.Expression) -> ExprType:
+        for side in (node.this, node.expression):
+            t = self.visit(side)
+            if t.kind not in ("text", "unknown", "null"):
+                raise DatatypeMismatch(f"{node.key.upper()} needs text, got {t.kind}")
+        return ExprType("bool")
+
+    def _Like(self, node: exp.Like) -> ExprType:
+        return self._text_predicate(node)
+
+    def _ILike(self, node: exp.ILike) -> ExprType:
+        return self._text_predicate(node)
+
+    # text and dates -----------------------------------------------------------------------
+    def _text_of(self, node: exp.Expression, name: str) -> ExprType:
+        t = self.visit(node)
+        if t.kind not in ("text", "unknown", "null"):
+            raise DatatypeMismatch(f"{name} needs text, got {t.kind}")
+        return ExprType("text", nullable=t.nullable)
+
+    def _Lower(self, node: exp.Lower) -> ExprType:
+        return self._text_of(node.this, "LOWER")
+
+    def _Upper(self, node: exp.Upper) -> ExprType:
+        return self._text_of(node.this, "UPPER")
+
+    def _Trim(self, node: exp.Trim) -> ExprType:
+        return self._text_of(node.this, "TRIM")
+
+    def _Length(self, node: exp.Length) -> ExprType:
+        t = self._text_of(node.this, "LENGTH")
+        return _num(0, INF, True, t.nullable)
+
+    def _Substring(self, node: exp.Substring) -> ExprType:
+        for arg in ("start", "length"):
+            if node.args.get(arg) is not None:
+                self._numeric(node.args[arg], "SUBSTRING")
+        return self._text_of(node.this, "SUBSTRING")
+
+    def _DPipe(self, node: exp.DPipe) -> ExprType:
+        a, b = self.visit(node.this), self.visit(node.expression)
+        return ExprType("text", nullable=a.nullable or b.nullable)
+
+    def _Concat(self, node: exp.Concat) -> ExprType:
+        for arg in node.expressions:
+            self.visit(arg)
+        return ExprType("text", nullable=False)
+
+    def _Extract(self, node: exp.Extract) -> ExprType:
+        source = self.visit(node.expression)
+        if source.kind not in ("date", "unknown"):
+            raise DatatypeMismatch(f"EXTRACT needs a date, got {source.kind}")
+        part = node.this.name.lower()
+        lo, hi = _EXTRACT_BOUNDS.get(part, (-INF, INF))
+        return _num(lo, hi, True, source.nullable)
+
+    def _date_trunc(self, unit: exp.Expression | None, value: exp.Expression) -> ExprType:
+        if unit is not None and not isinstance(unit, exp.Literal | exp.Var):
+            raise NotSupportedError("DATE_TRUNC takes a constant unit such as 'month'")
+        source = self.visit(value)
+        if source.kind not in ("date", "unknown"):
+            raise DatatypeMismatch(f"DATE_TRUNC needs a date, got {source.kind}")
+        return ExprType("date", nullable=source.nullable)
+
+    def _DateTrunc(self, node: exp.DateTrunc) -> ExprType:
+        return self._date_trunc(node.args.get("unit"), node.this)
+
+    def _TimestampTrunc(self, node: exp.TimestampTrunc) -> ExprType:
+        return self._date_trunc(node.args.get("unit"), node.this)

@@ -1,0 +1,33 @@
+"""Backends run one rewritten statement and return per-group aggregate rows.
+
+A backend never receives the analyst's SQL, only what `rewrite` produced, and
+its own error messages are withheld from the analyst (they may quote data).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..policy import Policy
+
+
+class Backend(Protocol):
+    dialect: str  # sqlglot dialect the rewrite emits for this backend
+
+    def run_aggregate(self, sql: str) -> list[tuple[object, ...]]:
+        """Run one rewritten statement; raise BackendError (never the raw error) on failure."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def open_backend(policy: Policy) -> Backend:
+    """The backend the policy names, ready to run queries."""
+    if policy.backend.kind == "duckdb":
+        from .duckdb import DuckDBBackend
+
+        return DuckDBBackend.open(policy)
+    from ..errors import NotSupportedError
+
+    raise NotSupportedError(f"backend kind {policy.backend.kind!r} is not available yet",
+                            hint="use kind = \"duckdb\"")

@@ -1,0 +1,59 @@
+"""The embedded DuckDB backend: a read-only connection with external access disabled."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import duckdb
+
+from ..errors import BackendError, InvalidPolicy
+from ..policy import Policy
+
+
+class DuckDBBackend:
+    dialect = "duckdb"
+
+    def __init__(self, path: Path) -> None:
+        if not path.exists():
+            raise InvalidPolicy(f"the DuckDB database {path} does not exist",
+                                hint="build the demo with `dpproxy demo`, or fix backend.path")
+        # Read-only, and no file or network access from SQL: the rewrite never needs either,
+        # so nothing that slipped through could read a file either.
+        self._connection = duckdb.connect(
+            str(path), read_only=True,
+            config={"enable_external_access": False, "lock_configuration": True})
+        self._local = threading.local()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, policy: Policy) -> DuckDBBackend:
+        path = policy.backend.path
+        assert path is not None
+        if policy.backend.demo_seed is not None and not path.exists():
+            from ..demo import ensure_demo
+
+            ensure_demo(path, seed=policy.backend.demo_seed)
+        return cls(path)
+
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        # DuckDB connections are not thread-safe; each thread gets its own cursor.
+        cursor = getattr(self._local, "cursor", None)
+        if cursor is None:
+            with self._lock:
+                cursor = self._connection.cursor()
+            self._local.cursor = cursor
+        return cursor
+
+    def run_aggregate(self, sql: str) -> list[tuple[object, ...]]:
+        try:
+            return self._cursor().execute(sql).fetchall()
+        except duckdb.Error as exc:
+            raise BackendError(
+                "the backend could not run the rewritten query",
+                detail=f"backend error class: {type(exc).__name__}",
+                hint="the backend's message is withheld because it may quote private data",
+            ) from None
+
+    def close(self) -> None:
+        self._connection.close()

@@ -1,0 +1,268 @@
+"""Parse: split a string into statements, classify each, bind parameters as AST literals.
+
+Analysts write PostgreSQL's SQL (that is what their clients speak), whatever
+the backend; the rewrite emits the backend's dialect. Parameters never touch
+the SQL text: placeholders (`%s`, `%(name)s`, `$1`) are replaced in the
+parsed tree by literal nodes.
+
+>>> [s.kind for s in parse_statements("SET dpproxy.epsilon = 0.5; SELECT COUNT(*) FROM t")]
+['set', 'select']
+>>> parse_statements("SELECT COUNT(*) FROM t WHERE a > %s", [40])[0].ast.sql("postgres")
+'SELECT COUNT(*) FROM t WHERE a > 40'
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError, TokenError
+from sqlglot.tokens import Token, TokenType
+
+from .errors import NotSupportedError, PrivacyViolation, ProgrammingError, SyntaxError
+
+DIALECT = "postgres"
+StatementKind = Literal["select", "explain", "set", "reset", "show", "transaction", "noop"]
+
+# Statements answered in the session, never sent anywhere: clients and pools send them.
+_TRANSACTION_WORDS = {"BEGIN", "START", "COMMIT", "END", "ROLLBACK", "ABORT"}
+_NOOP_WORDS = {"SAVEPOINT", "RELEASE", "CLOSE", "UNLISTEN", "DISCARD", "DEALLOCATE"}
+_WRITE_KINDS = (exp.Insert, exp.Update, exp.Delete, exp.Merge, exp.Create, exp.Drop, exp.Alter,
+                exp.Copy, exp.TruncateTable)
+
+Parameters = Sequence[Any] | Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class Statement:
+    kind: StatementKind
+    text: str
+    ast: exp.Expression | None = None  # select and explain: the (bound) query
+    name: str | None = None  # set/reset/show: the setting's name, lower case
+    value: Any = None  # set: the literal value
+    tag: str = ""  # command tag for the wire: SET, BEGIN, COMMIT...
+
+    @property
+    def is_session_statement(self) -> bool:
+        return self.kind in ("set", "reset", "show", "transaction", "noop")
+
+
+def _tokens(sql: str) -> list[Token]:
+    try:
+        return sqlglot.Dialect.get_or_raise(DIALECT).tokenize(sql)
+    except TokenError as exc:
+        raise SyntaxError(f"syntax error: {exc}") from None
+
+
+def split_statements(sql: str) -> list[tuple[str, list[Token]]]:
+    """Statement texts with their tokens, split at top-level semicolons."""
+    tokens = _tokens(sql)
+    pieces: list[tuple[str, list[Token]]] = []
+    current: list[Token] = []
+    for token in [*tokens, None]:
+        if token is None or token.token_type == TokenType.SEMICOLON:
+            if current:
+                start, end = current[0].start, current[-1].end
+                text = sql[start:end + 1]
+                pieces.append((text, [_shift(t, start) for t in current]))
+            current = []
+        else:
+            current.append(token)
+    return pieces
+
+
+def _shift(token: Token, offset: int) -> Token:
+    return Token(token.token_type, token.text, token.line, token.col, token.start - offset,
+                 token.end - offset, token.comments)
+
+
+def parse_statements(sql: str, params: Parameters = None) -> list[Statement]:
+    """Parse every statement of a string; parameters apply to the one query among them."""
+    pieces = split_statements(sql)
+    if not pieces:
+        raise SyntaxError("empty query", hint="send one SELECT statement")
+    return [_classify(text, tokens, params) for text, tokens in pieces]
+
+
+def _word(tokens: Sequence[Token], i: int) -> str:
+    return tokens[i].text.upper() if i < len(tokens) else ""
+
+
+def _classify(text: str, tokens: list[Token], params: Parameters) -> Statement:
+    first = _word(tokens, 0)
+    if first in _TRANSACTION_WORDS:
+        return Statement("transaction", text, tag=_transaction_tag(first))
+    if first in _NOOP_WORDS:
+        return Statement("noop", text, tag=" ".join(t.text.upper() for t in tokens[:2]))
+    # The tokenizer hands what follows a command word over as one string token, so the
+    # rest of a SHOW, RESET or EXPLAIN is read off the text after the first token.
+    rest = text[tokens[0].end + 1:].strip()
+    if first == "SHOW":
+        if not rest:
+            raise SyntaxError("SHOW needs a setting name", hint="SHOW dpproxy.epsilon")
+        return Statement("show", text, name=rest.lower().replace('"', ""), tag="SHOW")
+    if first == "RESET":
+        return Statement("reset", text, name=rest.lower().replace('"', "") or "all",
+                         tag="RESET")
+    if first == "SET":
+        return _set_statement(text)
+    if first == "EXPLAIN":
+        inner_tokens = _tokens(rest)
+        skip = 0
+        while _word(inner_tokens, skip) == "VERBOSE":
+            skip += 1
+        if _word(inner_tokens, skip) == "ANALYZE":
+            raise NotSupportedError("EXPLAIN ANALYZE is not supported",
+                                    hint="EXPLAIN shows the DP plan without running it")
+        if skip >= len(inner_tokens):
+            raise SyntaxError("EXPLAIN needs a query")
+        inner = rest[inner_tokens[skip].start:]
+        return Statement("explain", text, ast=_parse_query(inner, params), tag="EXPLAIN")
+    ast = _parse_query(text, params)
+    if _is_advisory_unlock(ast):
+        return Statement("noop", text, ast=ast, tag="SELECT 1")
+    return Statement("select", text, ast=ast, tag="SELECT")
+
+
+def _transaction_tag(word: str) -> str:
+    return {"START": "START TRANSACTION", "END": "COMMIT", "ABORT": "ROLLBACK"}.get(word, word)
+
+
+def _is_advisory_unlock(ast: exp.Expression) -> bool:
+    if not isinstance(ast, exp.Select) or ast.args.get("from_") is not None:
+        return False
+    items = ast.expressions
+    return len(items) == 1 and isinstance(items[0], exp.Anonymous) \
+        and items[0].name.lower() == "pg_advisory_unlock_all"
+
+
+def _set_statement(text: str) -> Statement:
+    try:
+        ast = sqlglot.parse_one(text, read=DIALECT)
+    except (ParseError, TokenError):
+        return Statement("set", text, tag="SET")  # client settings we do not model: a no-op
+    item = ast.expressions[0] if isinstance(ast, exp.Set) and ast.expressions else None
+    eq = item.this if item is not None else None
+    if not isinstance(eq, exp.EQ):
+        return Statement("set", text, tag="SET")
+    target, value = eq.this, eq.expression
+    name = target.sql(DIALECT).lower().replace('"', "") if isinstance(target, exp.Column | exp.Var
+                                                                      | exp.Identifier) else None
+    return Statement("set", text, name=name, value=_literal_value(value), tag="SET")
+
+
+def _literal_value(node: exp.Expression) -> Any:
+    if isinstance(node, exp.Literal):
+        if node.is_string:
+            return node.this
+        return float(node.this) if any(c in node.this for c in ".eE") else int(node.this)
+    if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal):
+        value = _literal_value(node.this)
+        return -value if isinstance(value, int | float) else value
+    if isinstance(node, exp.Boolean):
+        return bool(node.this)
+    if isinstance(node, exp.Column | exp.Identifier | exp.Var):
+        return node.name
+    return node.sql(DIALECT)
+
+
+def _parse_query(text: str, params: Parameters) -> exp.Expression:
+    try:
+        ast = sqlglot.parse_one(text, read=DIALECT)
+    except ParseError as exc:
+        first = exc.errors[0] if exc.errors else {}
+        position = _position(text, first.get("line"), first.get("col"))
+        near = first.get("highlight") or ""
+        raise SyntaxError(f"syntax error at or near {near!r}" if near else "syntax error",
+                          detail=first.get("description"), position=position) from None
+    except TokenError as exc:
+        raise SyntaxError(f"syntax error: {exc}") from None
+    if isinstance(ast, exp.Command):
+        raise NotSupportedError(f"{ast.name.upper()} is not supported",
+                                hint="dpproxy answers SELECT queries with aggregates")
+    if isinstance(ast, _WRITE_KINDS):
+        raise PrivacyViolation(f"{ast.key.upper()} is not allowed: dpproxy is read-only",
+                               hint="dpproxy answers SELECT queries with aggregates")
+    if not isinstance(ast, exp.Query):
+        raise NotSupportedError(f"{ast.key.upper()} statements are not supported",
+                                hint="dpproxy answers SELECT queries with aggregates")
+    return bind_parameters(ast, params)
+
+
+def _position(text: str, line: int | None, col: int | None) -> int | None:
+    if not line or not col:
+        return None
+    lines = text.split("\n")
+    return sum(len(x) + 1 for x in lines[:line - 1]) + col
+
+
+def bind_parameters(ast: exp.Expression, params: Parameters) -> exp.Expression:
+    """Replace each placeholder node by a literal node; the SQL text is never edited."""
+    placeholders = [n for n in ast.find_all(exp.Placeholder, exp.Parameter)]
+    if not placeholders:
+        if params:
+            raise ProgrammingError(f"the query has no placeholders but {len(params)} "
+                                   "parameters were given")
+        return ast
+    if params is None:
+        raise ProgrammingError("the query has placeholders but no parameters were given")
+    positional = iter(params) if not isinstance(params, Mapping) else None
+    used = 0
+
+    def value_for(node: exp.Expression) -> Any:
+        nonlocal used
+        if isinstance(node, exp.Parameter):  # $1, $2: 1-based positions
+            index = int(node.name) - 1
+            if isinstance(params, Mapping) or not 0 <= index < len(params):
+                raise ProgrammingError(f"there is no parameter ${index + 1}")
+            used = max(used, index + 1)
+            return params[index]
+        name = node.args.get("this")
+        if name is not None:  # %(name)s
+            key = name.name if isinstance(name, exp.Expression) else str(name)
+            if not isinstance(params, Mapping) or key not in params:
+                raise ProgrammingError(f"no value was given for parameter {key!r}")
+            return params[key]
+        if positional is None:
+            raise ProgrammingError("positional placeholders need a sequence of parameters")
+        try:
+            used += 1
+            return next(positional)
+        except StopIteration:
+            raise ProgrammingError("fewer parameters were given than placeholders") from None
+
+    def swap(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Placeholder | exp.Parameter):
+            return to_literal(value_for(node))
+        return node
+
+    bound = ast.transform(swap)
+    if positional is not None and not isinstance(params, Mapping) and used < len(params):
+        raise ProgrammingError(f"{len(params)} parameters were given but the query uses {used}")
+    return bound
+
+
+def to_literal(value: Any) -> exp.Expression:
+    """A literal node for a Python value."""
+    if value is None:
+        return exp.Null()
+    if isinstance(value, bool):
+        return exp.Boolean(this=value)
+    if isinstance(value, int | float | decimal.Decimal):
+        if isinstance(value, float) and value != value:
+            raise ProgrammingError("NaN is not a valid parameter")
+        node = exp.Literal.number(abs(value))
+        return exp.Neg(this=node) if value < 0 else node
+    if isinstance(value, dt.datetime):
+        return exp.cast(exp.Literal.string(value.isoformat(sep=" ")), "TIMESTAMP")
+    if isinstance(value, dt.date):
+        return exp.cast(exp.Literal.string(value.isoformat()), "DATE")
+    if isinstance(value, str):
+        return exp.Literal.string(value)
+    raise ProgrammingError(f"parameters of type {type(value).__name__} are not supported",
+                           hint="use numbers, strings, booleans, dates or None")

@@ -1,0 +1,324 @@
+"""Policy files: which tables an analyst may query, how each is protected, and budgets.
+
+A policy is TOML (SPEC §3). `load_policy` validates everything up front; every
+error names the file, the dotted field (``tables.adult.columns.age.lower``) and
+what is allowed, so a typo fails at load time rather than at query time.
+Relative paths in the file are relative to the file's own folder.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from .errors import InvalidPolicy
+
+ColumnType = Literal["int", "float", "text", "date", "bool"]
+MechanismName = Literal["laplace", "gaussian"]
+COLUMN_TYPES: tuple[str, ...] = ("int", "float", "text", "date", "bool")
+MECHANISMS: tuple[str, ...] = ("laplace", "gaussian")
+ACCOUNTING: tuple[str, ...] = ("basic",)
+BACKENDS: tuple[str, ...] = ("duckdb", "postgres")
+ROLES: tuple[str, ...] = ("analyst", "admin")
+
+
+@dataclass(frozen=True)
+class Budget:
+    epsilon: float
+    delta: float = 0.0
+
+
+@dataclass(frozen=True)
+class ColumnPolicy:
+    name: str
+    type: ColumnType
+    lower: float | None = None
+    upper: float | None = None
+    public_values: tuple[Any, ...] | None = None  # keys that may be released as GROUP BY keys
+    nullable: bool = True
+
+    @property
+    def bounded(self) -> bool:
+        return self.lower is not None and self.upper is not None
+
+
+@dataclass(frozen=True)
+class TablePolicy:
+    name: str
+    columns: Mapping[str, ColumnPolicy]
+    public: bool = False
+    privacy_unit: str | None = None  # None: each row is its own unit
+    max_groups_per_unit: int = 1
+    max_rows_per_unit: int = 1
+    total_budget: Budget | None = None
+
+
+@dataclass(frozen=True)
+class AnalystPolicy:
+    name: str
+    role: Literal["analyst", "admin"] = "analyst"
+    tables: tuple[str, ...] = ()
+    budget: Budget | None = None
+    password_scram: str | None = None
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    kind: Literal["duckdb", "postgres"]
+    path: Path | None = None
+    dsn: str | None = None
+    demo_seed: int | None = None  # set: build the demo database at `path` when it is missing
+
+
+@dataclass(frozen=True)
+class PrivacyDefaults:
+    default_epsilon: float = 1.0
+    default_delta: float = 1e-7
+    mechanism: MechanismName = "laplace"
+    accounting: str = "basic"
+    confidence: float = 0.95
+
+
+@dataclass(frozen=True)
+class Policy:
+    path: Path
+    database: str
+    backend: BackendConfig
+    privacy: PrivacyDefaults
+    tables: Mapping[str, TablePolicy]
+    analysts: Mapping[str, AnalystPolicy]
+    ledger_path: Path
+    audit_log_path: Path
+
+    def analyst(self, name: str) -> AnalystPolicy:
+        try:
+            return self.analysts[name]
+        except KeyError:
+            known = ", ".join(sorted(self.analysts)) or "none"
+            raise InvalidPolicy(
+                f"analyst {name!r} is not in policy {self.path.name}", detail=f"analysts: {known}"
+            ) from None
+
+
+class _Checker:
+    """Reads one TOML table with type checks; errors carry file and dotted path."""
+
+    def __init__(self, file: Path, where: str, data: Mapping[str, Any], allowed: set[str]) -> None:
+        self.file, self.where, self.data = file, where, data
+        unknown = sorted(set(data) - allowed)
+        if unknown:
+            self.fail(unknown[0], f"unknown field; allowed fields: {', '.join(sorted(allowed))}")
+
+    def fail(self, key: str | None, problem: str) -> None:
+        dotted = f"{self.where}.{key}" if key and self.where else (key or self.where or "top level")
+        raise InvalidPolicy(f"{self.file}: {dotted}: {problem}")
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = None,
+            required: bool = False) -> Any:
+        if key not in self.data:
+            if required:
+                self.fail(key, "required field is missing")
+            return default
+        value = self.data[key]
+        # bool is an int subclass in Python; TOML keeps them apart, so must we
+        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            self.fail(key, f"expected {_kind_name(kind)}, got a boolean")
+        if not isinstance(value, kind):
+            self.fail(key, f"expected {_kind_name(kind)}, got {type(value).__name__} {value!r}")
+        return value
+
+    def number(self, key: str, default: float | None = None, *, required: bool = False,
+               low: float | None = None, high: float | None = None, low_open: bool = False,
+               high_open: bool = False) -> float | None:
+        value = self.get(key, (int, float), default, required)
+        if value is None:
+            return None
+        value = float(value)
+        if not math.isfinite(value):
+            self.fail(key, "must be a finite number")
+        if low is not None and (value <= low if low_open else value < low):
+            self.fail(key, f"must be {'>' if low_open else '>='} {low:g}, got {value:g}")
+        if high is not None and (value >= high if high_open else value > high):
+            self.fail(key, f"must be {'<' if high_open else '<='} {high:g}, got {value:g}")
+        return value
+
+    def choice(self, key: str, options: tuple[str, ...], default: str) -> str:
+        value = self.get(key, str, default)
+        if value not in options:
+            self.fail(key, f"must be one of {', '.join(map(repr, options))}, got {value!r}")
+        return value
+
+    def sub(self, key: str, allowed: set[str], required: bool = False) -> _Checker | None:
+        value = self.get(key, dict, None, required)
+        if value is None:
+            return None
+        return _Checker(self.file, f"{self.where}.{key}" if self.where else key, value, allowed)
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", dict: "a table",
+             list: "an array", bool: "a boolean"}
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if set(kinds) == {int, float}:
+        return "a number"
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def _budget(parent: _Checker, key: str) -> Budget | None:
+    sub = parent.sub(key, {"epsilon", "delta"})
+    if sub is None:
+        return None
+    epsilon = sub.number("epsilon", required=True, low=0.0)
+    delta = sub.number("delta", 0.0, low=0.0, high=1.0, high_open=True)
+    assert epsilon is not None and delta is not None
+    return Budget(epsilon, delta)
+
+
+_VALUE_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,), "float": (int, float), "text": (str,), "bool": (bool,), "date": (str,),
+}
+
+
+def _column(table: _Checker, name: str) -> ColumnPolicy:
+    spec = table.data[name]
+    if not isinstance(spec, dict):
+        table.fail(name, "expected a table such as { type = \"int\", lower = 0, upper = 100 }")
+    col = _Checker(table.file, f"{table.where}.{name}", spec,
+                   {"type", "lower", "upper", "public_values", "nullable"})
+    ctype = col.choice("type", COLUMN_TYPES, "")
+    lower, upper = col.number("lower"), col.number("upper")
+    if (lower is None) != (upper is None):
+        col.fail("upper" if upper is None else "lower", "give both lower and upper, or neither")
+    if lower is not None and ctype not in ("int", "float"):
+        col.fail("lower", f"bounds apply to int and float columns, not {ctype}")
+    if lower is not None and upper is not None and lower > upper:
+        col.fail("lower", f"lower ({lower:g}) must not exceed upper ({upper:g})")
+    values = col.get("public_values", list)
+    public: tuple[Any, ...] | None = None
+    if values is not None:
+        allowed = _VALUE_TYPES[ctype]
+        for i, value in enumerate(values):
+            if not isinstance(value, allowed) or (isinstance(value, bool) and ctype != "bool"):
+                col.fail("public_values", f"item {i} ({value!r}) is not a {ctype} value")
+        if len(set(values)) != len(values):
+            col.fail("public_values", "values must be distinct")
+        if not values:
+            col.fail("public_values", "must list at least one value")
+        public = tuple(values)
+    nullable = col.get("nullable", bool, True)
+    return ColumnPolicy(name, ctype, lower, upper, public, nullable)  # type: ignore[arg-type]
+
+
+def _table(top: _Checker, name: str, spec: Any) -> TablePolicy:
+    if not isinstance(spec, dict):
+        top.fail(name, "expected a table")
+    t = _Checker(top.file, f"tables.{name}", spec,
+                 {"public", "privacy_unit", "max_groups_per_unit", "max_rows_per_unit",
+                  "total_budget", "columns"})
+    public = t.get("public", bool, False)
+    cols = t.sub("columns", set(spec.get("columns", {})) if isinstance(spec.get("columns"), dict)
+                 else set(), required=True)
+    assert cols is not None
+    if not cols.data:
+        t.fail("columns", "list at least one column")
+    columns = {cname: _column(cols, cname) for cname in cols.data}
+    unit = t.get("privacy_unit", str)
+    if unit is not None and unit not in columns:
+        t.fail("privacy_unit", f"{unit!r} is not a declared column; columns: {', '.join(columns)}")
+    if public and (unit is not None or "total_budget" in spec):
+        t.fail("public", "a public table has no privacy_unit and no total_budget")
+    groups = t.get("max_groups_per_unit", int, 1)
+    rows = t.get("max_rows_per_unit", int, 1)
+    for key, value in (("max_groups_per_unit", groups), ("max_rows_per_unit", rows)):
+        if value < 1:
+            t.fail(key, f"must be a positive integer, got {value}")
+    return TablePolicy(name, columns, public, unit, groups, rows, _budget(t, "total_budget"))
+
+
+def _analyst(top: _Checker, name: str, spec: Any, tables: Mapping[str, TablePolicy]
+             ) -> AnalystPolicy:
+    if not isinstance(spec, dict):
+        top.fail(name, "expected a table")
+    a = _Checker(top.file, f"analysts.{name}", spec,
+                 {"role", "tables", "budget", "password_scram"})
+    role = a.choice("role", ROLES, "analyst")
+    granted = a.get("tables", list, [])
+    for table in granted:
+        if table not in tables:
+            a.fail("tables", f"{table!r} is not a table of this policy; tables: "
+                   f"{', '.join(tables) or 'none'}")
+    budget = _budget(a, "budget")
+    if budget is None and any(not tables[t].public for t in granted):
+        a.fail("budget", "an analyst granted private tables needs a budget = { epsilon = …, "
+               "delta = … }")
+    scram = a.get("password_scram", str)
+    if scram is not None and not scram.startswith("SCRAM-SHA-256$"):
+        a.fail("password_scram", "must be a SCRAM-SHA-256 verifier (never a plain password)")
+    return AnalystPolicy(name, role, tuple(granted), budget, scram)  # type: ignore[arg-type]
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Load and validate a policy file."""
+    file = Path(path)
+    try:
+        raw = tomllib.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InvalidPolicy(f"{file}: no such policy file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidPolicy(f"{file}: not valid TOML: {exc}") from None
+    return parse_policy(raw, file)
+
+
+def parse_policy(raw: Mapping[str, Any], file: Path) -> Policy:
+    """Validate an already-decoded policy; `file` anchors relative paths and messages."""
+    base = file.resolve().parent
+    top = _Checker(file, "", raw, {"database", "backend", "privacy", "tables", "analysts",
+                                   "ledger", "audit"})
+    database = top.get("database", str, file.stem)
+
+    be = top.sub("backend", {"kind", "path", "dsn", "demo_seed"}, required=True)
+    assert be is not None
+    kind = be.choice("kind", BACKENDS, "duckdb")
+    bpath = be.get("path", str)
+    dsn = be.get("dsn", str)
+    if kind == "duckdb" and bpath is None:
+        be.fail("path", "a duckdb backend needs path = \"file.duckdb\"")
+    if kind == "postgres" and dsn is None:
+        be.fail("dsn", "a postgres backend needs dsn = \"postgresql://…\"")
+    backend = BackendConfig(kind, (base / bpath) if bpath else None, dsn,  # type: ignore[arg-type]
+                            be.get("demo_seed", int))
+
+    pr = top.sub("privacy", {"default_epsilon", "default_delta", "mechanism", "accounting",
+                             "confidence"})
+    privacy = PrivacyDefaults()
+    if pr is not None:
+        privacy = PrivacyDefaults(
+            default_epsilon=pr.number("default_epsilon", 1.0, low=0.0, low_open=True) or 1.0,
+            default_delta=pr.number("default_delta", 1e-7, low=0.0, high=1.0,
+                                    high_open=True) or 0.0,
+            mechanism=pr.choice("mechanism", MECHANISMS, "laplace"),  # type: ignore[arg-type]
+            accounting=pr.choice("accounting", ACCOUNTING, "basic"),
+            confidence=pr.number("confidence", 0.95, low=0.0, high=1.0, low_open=True,
+                                 high_open=True) or 0.95,
+        )
+
+    tables_raw = top.get("tables", dict, {})
+    tables = {name: _table(_Checker(file, "tables", tables_raw, set(tables_raw)), name, spec)
+              for name, spec in tables_raw.items()}
+    analysts_raw = top.get("analysts", dict, {})
+    if not analysts_raw:
+        top.fail("analysts", "declare at least one analyst")
+    an = _Checker(file, "analysts", analysts_raw, set(analysts_raw))
+    analysts = {name: _analyst(an, name, spec, tables) for name, spec in analysts_raw.items()}
+
+    ledger = top.sub("ledger", {"path"})
+    ledger_path = base / (ledger.get("path", str, f"{file.stem}.ledger.sqlite")
+                          if ledger else f"{file.stem}.ledger.sqlite")
+    audit = top.sub("audit", {"path"})
+    audit_path = base / (audit.get("path", str, f"{file.stem}.audit.jsonl")
+                         if audit else f"{file.stem}.audit.jsonl")
+    return Policy(file, database, backend, privacy, tables, analysts, ledger_path, audit_path)

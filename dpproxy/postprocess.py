@@ -1,0 +1,291 @@
+"""Post-processing expressions: outputs, HAVING and ORDER BY over released values.
+
+The analyzer checks these expressions with `check_output_expression`; the
+release step evaluates them with `evaluate` over already-noisy aggregates and
+public group keys, in Python, with SQL's NULL semantics. Post-processing of
+differentially private values costs no budget. Errors never happen here: a
+division by zero gives NULL, as the rewrite does for row expressions.
+
+>>> from sqlglot import parse_one
+>>> node = parse_one("ROUND(SUM(x) / COUNT(*), 1)", read="postgres")
+>>> evaluate(node, {"SUM(x)": 10.0, "COUNT(*)": 3}, {})
+3.3
+>>> evaluate(parse_one("COUNT(*) / 2", read="postgres"), {"COUNT(*)": 7}, {})
+3
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
+
+from sqlglot import exp
+
+from .errors import NotSupportedError
+
+OUTPUT_FUNCTIONS_HELP = (
+    "+ - * / %, ROUND, ABS, FLOOR, CEIL, SQRT, POWER, LEAST, GREATEST, COALESCE, NULLIF, CASE, "
+    "CAST, comparisons, AND/OR/NOT, IS NULL"
+)
+
+Value = Any  # int | float | str | bool | None
+Env = tuple[Mapping[str, Value], Mapping[str, Value]]  # (aggregates by SQL, keys by name)
+
+
+def output_name(item: exp.Expression) -> str:
+    """The column name PostgreSQL gives a select-list item: alias, column, function, ?column?."""
+    if isinstance(item, exp.Alias):
+        return item.alias
+    if isinstance(item, exp.Column):
+        return item.name
+    if isinstance(item, exp.Cast):
+        return output_name(item.this)
+    if isinstance(item, exp.Count | exp.Sum | exp.Avg | exp.Min | exp.Max):
+        return item.key.lower()
+    if isinstance(item, exp.Func) and not isinstance(item, exp.Binary):
+        return item.sql_name().lower()
+    return "?column?"
+
+
+def check_output_expression(node: exp.Expression, check_key: Callable[[exp.Column], None]
+                            ) -> None:
+    """Reject anything the evaluator cannot compute; columns must pass `check_key`."""
+    if isinstance(node, exp.AggFunc):
+        return  # measured by the plan; a leaf here
+    if isinstance(node, exp.Column):
+        check_key(node)
+        return
+    if type(node) not in _HANDLERS:
+        what = node.sql_name() if isinstance(node, exp.Func) else node.sql("postgres")
+        raise NotSupportedError(f"{what} is not supported on query outputs",
+                                hint=f"supported: {OUTPUT_FUNCTIONS_HELP}")
+    for child in node.iter_expressions():
+        if isinstance(child, exp.DataType | exp.Var):
+            continue
+        check_output_expression(child, check_key)
+
+
+def evaluate(node: exp.Expression, aggregates: Mapping[str, Value], keys: Mapping[str, Value]
+             ) -> Value:
+    """Evaluate a checked output expression over released aggregates and group keys."""
+    if isinstance(node, exp.AggFunc):
+        return aggregates[node.sql("postgres")]
+    if isinstance(node, exp.Column):
+        return keys[node.name]
+    return _HANDLERS[type(node)](node, (aggregates, keys))
+
+
+def _ev(node: exp.Expression | None, env: Env) -> Value:
+    if node is None:
+        return None
+    return evaluate(node, env[0], env[1])
+
+
+def _literal(node: exp.Literal, env: Env) -> Value:
+    if node.is_string:
+        return node.this
+    text = node.this
+    return int(text) if text.lstrip("-").isdigit() else float(text)
+
+
+def _arith(op: Callable[[Value, Value], Value]) -> Callable[[exp.Expression, Env], Value]:
+    def handler(node: exp.Expression, env: Env) -> Value:
+        a, b = _ev(node.this, env), _ev(node.expression, env)
+        if a is None or b is None:
+            return None
+        return op(a, b)
+    return handler
+
+
+def _divide(a: Value, b: Value) -> Value:
+    if b == 0:
+        return None
+    if isinstance(a, int) and isinstance(b, int):  # PostgreSQL truncates integer division
+        q = abs(a) // abs(b)
+        return q if (a >= 0) == (b >= 0) else -q
+    return a / b
+
+
+def _modulo(a: Value, b: Value) -> Value:
+    if b == 0:
+        return None
+    return math.fmod(a, b) if isinstance(a, float) or isinstance(b, float) else \
+        int(math.copysign(abs(a) % abs(b), a))
+
+
+def _round(node: exp.Round, env: Env) -> Value:
+    value = _ev(node.this, env)
+    digits = _ev(node.args.get("decimals"), env) or 0
+    if value is None:
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return value
+    # PostgreSQL rounds halves away from zero
+    rounded = Decimal(repr(value)).quantize(Decimal(1).scaleb(-int(digits)), ROUND_HALF_UP)
+    return int(rounded) if isinstance(value, int) else float(rounded)
+
+
+def _unary(fn: Callable[[Value], Value]) -> Callable[[exp.Expression, Env], Value]:
+    def handler(node: exp.Expression, env: Env) -> Value:
+        value = _ev(node.this, env)
+        if value is None:
+            return None
+        try:
+            return fn(value)
+        except (ValueError, OverflowError):
+            return None
+    return handler
+
+
+def _power(node: exp.Pow, env: Env) -> Value:
+    a, b = _ev(node.this, env), _ev(node.expression, env)
+    if a is None or b is None:
+        return None
+    try:
+        result = float(a) ** float(b)
+    except (ZeroDivisionError, OverflowError):
+        return None
+    return None if isinstance(result, complex) else result
+
+
+def _compare(op: Callable[[Value, Value], bool]) -> Callable[[exp.Expression, Env], Value]:
+    def handler(node: exp.Expression, env: Env) -> Value:
+        a, b = _ev(node.this, env), _ev(node.expression, env)
+        if a is None or b is None:
+            return None
+        try:
+            return op(a, b)
+        except TypeError:
+            return op(str(a), str(b))
+    return handler
+
+
+def _and(node: exp.And, env: Env) -> Value:
+    a, b = _ev(node.this, env), _ev(node.expression, env)
+    if a is False or b is False:
+        return False
+    return None if a is None or b is None else True
+
+
+def _or(node: exp.Or, env: Env) -> Value:
+    a, b = _ev(node.this, env), _ev(node.expression, env)
+    if a is True or b is True:
+        return True
+    return None if a is None or b is None else False
+
+
+def _not(node: exp.Not, env: Env) -> Value:
+    value = _ev(node.this, env)
+    return None if value is None else not value
+
+
+def _is(node: exp.Is, env: Env) -> Value:
+    value = _ev(node.this, env)
+    target = node.expression
+    if isinstance(target, exp.Null):
+        return value is None
+    return value is _ev(target, env)
+
+
+def _case(node: exp.Case, env: Env) -> Value:
+    subject = _ev(node.this, env) if node.this is not None else None
+    for branch in node.args.get("ifs", []):
+        test = _ev(branch.this, env)
+        hit = (test is not None and subject is not None and test == subject) \
+            if node.this is not None else test is True
+        if hit:
+            return _ev(branch.args["true"], env)
+    return _ev(node.args.get("default"), env)
+
+
+def _if(node: exp.If, env: Env) -> Value:
+    if _ev(node.this, env) is True:
+        return _ev(node.args["true"], env)
+    return _ev(node.args.get("false"), env)
+
+
+def _present(node: exp.Expression, env: Env) -> list[Value]:
+    values = [_ev(n, env) for n in (node.this, *node.expressions)]
+    return [v for v in values if v is not None]
+
+
+def _coalesce(node: exp.Coalesce, env: Env) -> Value:
+    for n in (node.this, *node.expressions):
+        value = _ev(n, env)
+        if value is not None:
+            return value
+    return None
+
+
+def _nullif(node: exp.Nullif, env: Env) -> Value:
+    a = _ev(node.this, env)
+    return None if a is not None and a == _ev(node.expression, env) else a
+
+
+def _least(node: exp.Least, env: Env) -> Value:
+    values = _present(node, env)
+    return min(values) if values else None
+
+
+def _greatest(node: exp.Greatest, env: Env) -> Value:
+    values = _present(node, env)
+    return max(values) if values else None
+
+
+def _cast(node: exp.Cast, env: Env) -> Value:
+    value = _ev(node.this, env)
+    if value is None:
+        return None
+    target = node.to.this
+    t = exp.DataType.Type
+    try:
+        if target in (t.TINYINT, t.SMALLINT, t.INT, t.BIGINT):
+            return int(Decimal(str(value)).quantize(Decimal(1), ROUND_HALF_UP))
+        if target in (t.FLOAT, t.DOUBLE, t.DECIMAL):
+            return float(value)
+        if target in (t.TEXT, t.VARCHAR, t.CHAR):
+            return str(value)
+        if target == t.BOOLEAN:
+            return bool(value)
+    except (ArithmeticError, ValueError):
+        return None
+    raise NotSupportedError(f"CAST to {node.to.sql('postgres')} is not supported on outputs")
+
+
+_HANDLERS: dict[type[exp.Expression], Callable[[Any, Env], Value]] = {
+    exp.Literal: _literal,
+    exp.Null: lambda node, env: None,
+    exp.Boolean: lambda node, env: bool(node.this),
+    exp.Paren: lambda node, env: _ev(node.this, env),
+    exp.Neg: _unary(lambda v: -v),
+    exp.Add: _arith(lambda a, b: a + b),
+    exp.Sub: _arith(lambda a, b: a - b),
+    exp.Mul: _arith(lambda a, b: a * b),
+    exp.Div: _arith(_divide),
+    exp.Mod: _arith(_modulo),
+    exp.Round: _round,
+    exp.Abs: _unary(abs),
+    exp.Floor: _unary(lambda v: math.floor(v) if isinstance(v, int) else float(math.floor(v))),
+    exp.Ceil: _unary(lambda v: math.ceil(v) if isinstance(v, int) else float(math.ceil(v))),
+    exp.Sqrt: _unary(math.sqrt),
+    exp.Pow: _power,
+    exp.EQ: _compare(lambda a, b: a == b),
+    exp.NEQ: _compare(lambda a, b: a != b),
+    exp.GT: _compare(lambda a, b: a > b),
+    exp.GTE: _compare(lambda a, b: a >= b),
+    exp.LT: _compare(lambda a, b: a < b),
+    exp.LTE: _compare(lambda a, b: a <= b),
+    exp.And: _and,
+    exp.Or: _or,
+    exp.Not: _not,
+    exp.Is: _is,
+    exp.Case: _case,
+    exp.If: _if,
+    exp.Coalesce: _coalesce,
+    exp.Nullif: _nullif,
+    exp.Least: _least,
+    exp.Greatest: _greatest,
+    exp.Cast: _cast,
+}

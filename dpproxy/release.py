@@ -1,0 +1,169 @@
+"""Release: noise every measurement, combine into the analyst's values, post-process.
+
+Input is the backend's exact per-group statistics; output is only noisy
+values, public keys and what follows from them. Every public key is released,
+zeros included, in the policy's order (so the row order says nothing about
+the data); HAVING, ORDER BY and LIMIT then run on the noisy values only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .analyze import Analysis, GroupKey, Output
+from .analyze.aggregates import combine, interval
+from .mechanisms import half_width, release_many
+from .plan import QueryPlan
+from .postprocess import Value, evaluate
+
+Interval = tuple[float, float]
+
+
+@dataclass(frozen=True)
+class ColumnAccuracy:
+    """How one output column was made private, and how far off it may be."""
+
+    name: str
+    aggregate: str  # the aggregate as written, e.g. "AVG(age)"
+    mechanism: str
+    noise_scales: tuple[float, ...]  # Laplace b or Gaussian σ of each underlying statistic
+    epsilon: float
+    delta: float
+    confidence: float
+    half_width: float | None  # None when the interval depends on the row (AVG)
+
+    def describe(self) -> str:
+        spread = (f"± {self.half_width:.4g}" if self.half_width is not None
+                  else "interval per row")
+        return (f"{self.name}: {self.mechanism}, scale "
+                f"{', '.join(f'{s:.4g}' for s in self.noise_scales)}, ε={self.epsilon:.4g}"
+                f"{f', δ={self.delta:.3g}' if self.delta else ''}; "
+                f"{self.confidence:.0%} {spread}")
+
+
+@dataclass(frozen=True)
+class Released:
+    columns: tuple[str, ...]
+    rows: list[tuple[Value, ...]]
+    accuracy: tuple[ColumnAccuracy | None, ...]  # per column; None for keys and derived values
+    intervals: list[tuple[Interval | None, ...]]  # per row and column, at plan confidence
+
+
+def _normalize_key(value: object, key: GroupKey) -> object:
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if key.column.type == "float" and value is not None:
+        return float(value)  # type: ignore[arg-type]
+    return value
+
+
+def _exact_by_group(analysis: Analysis, rows: Sequence[tuple[object, ...]], key_count: int
+                    ) -> dict[tuple[object, ...], tuple[float, ...]]:
+    by_group: dict[tuple[object, ...], tuple[float, ...]] = {}
+    for row in rows:
+        key = tuple(_normalize_key(v, k) for v, k in zip(row[:key_count], analysis.keys,
+                                                          strict=True))
+        by_group[key] = tuple(float(v) if v is not None else 0.0 for v in row[key_count:])
+    return by_group
+
+
+def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
+    """Noisy rows for the plan's outputs from the backend's exact per-group rows."""
+    analysis = plan.analysis
+    confidence = plan.options.confidence
+    groups = [tuple(g) for g in itertools.product(*(k.values for k in analysis.keys))]
+    exact = _exact_by_group(analysis, rows, len(analysis.keys))
+    zeros = tuple(0.0 for _ in plan.measurements)
+
+    # One vector per measurement over all groups: the noise spec covers the whole vector.
+    noisy_by_measurement = [
+        release_many([_finite(exact.get(g, zeros)[i]) for g in groups], m.noise)
+        for i, m in enumerate(plan.measurements)
+    ]
+    # Intervals for aggregates of several statistics hold jointly (Bonferroni).
+    level_half = [
+        [half_width(plan.measurements[i].noise, 1 - (1 - confidence) / len(agg.statistics))
+         for i in agg.statistics]
+        for agg in analysis.aggregates
+    ]
+
+    table_rows: list[dict[str, Value]] = []
+    table_intervals: list[dict[str, Interval]] = []
+    keys_of_rows: list[dict[str, Value]] = []
+    for gi, group in enumerate(groups):
+        values: dict[str, Value] = {}
+        intervals: dict[str, Interval] = {}
+        for agg, halves in zip(analysis.aggregates, level_half, strict=True):
+            stats = [analysis.statistics[i] for i in agg.statistics]
+            released = [float(noisy_by_measurement[i][gi]) for i in agg.statistics]
+            value = combine(agg.rule, released, stats)
+            if agg.rule.integer_result(stats):
+                value = round(value)
+            values[agg.sql] = value
+            intervals[agg.sql] = interval(agg.rule, released, halves, stats)
+        table_rows.append(values)
+        table_intervals.append(intervals)
+        keys_of_rows.append({k.name: v for k, v in zip(analysis.keys, group, strict=True)})
+
+    selected = [i for i, (values, keys) in enumerate(zip(table_rows, keys_of_rows, strict=True))
+                if analysis.having is None
+                or evaluate(analysis.having, values, keys) is True]
+    if analysis.order:
+        selected.sort(key=functools.cmp_to_key(
+            lambda a, b: _compare_rows(analysis, table_rows, keys_of_rows, a, b)))
+    end = None if analysis.limit is None else analysis.offset + analysis.limit
+    selected = selected[analysis.offset:end]
+
+    out_rows = [tuple(evaluate(o.expression, table_rows[i], keys_of_rows[i])
+                      for o in analysis.outputs) for i in selected]
+    out_intervals = [tuple(_output_interval(o, analysis, table_intervals[i])
+                           for o in analysis.outputs) for i in selected]
+    return Released(tuple(o.name for o in analysis.outputs), out_rows,
+                    tuple(_accuracy(o, plan) for o in analysis.outputs), out_intervals)
+
+
+def _finite(value: float) -> float:
+    # Clamped sums are finite; this guards the sampler against a backend oddity.
+    return value if math.isfinite(value) else 0.0
+
+
+def _output_interval(output: Output, analysis: Analysis, intervals: dict[str, Interval]
+                     ) -> Interval | None:
+    if output.aggregate is None:
+        return None
+    return intervals[analysis.aggregates[output.aggregate].sql]
+
+
+def _accuracy(output: Output, plan: QueryPlan) -> ColumnAccuracy | None:
+    if output.aggregate is None:
+        return None
+    agg = plan.analysis.aggregates[output.aggregate]
+    measurements = [plan.measurements[i] for i in agg.statistics]
+    spec = measurements[0].noise
+    return ColumnAccuracy(
+        name=output.name, aggregate=agg.sql, mechanism=spec.mechanism,
+        noise_scales=tuple(m.noise.scale for m in measurements),
+        epsilon=sum(m.noise.epsilon for m in measurements),
+        delta=sum(m.noise.delta for m in measurements),
+        confidence=plan.options.confidence,
+        half_width=measurements[0].half_width if len(measurements) == 1 else None)
+
+
+def _compare_rows(analysis: Analysis, rows: list[dict[str, Value]],
+                  keys: list[dict[str, Value]], a: int, b: int) -> int:
+    for item in analysis.order:
+        va = evaluate(item.expression, rows[a], keys[a])
+        vb = evaluate(item.expression, rows[b], keys[b])
+        if va == vb:
+            continue
+        if va is None or vb is None:
+            return (-1 if va is None else 1) * (1 if item.nulls_first else -1)
+        less = va < vb if type(va) is type(vb) or not isinstance(va, str) else str(va) < str(vb)
+        result = -1 if less else 1
+        return -result if item.descending else result
+    return a - b  # stable: the policy's key order

@@ -1,0 +1,235 @@
+"""Rewrite a query plan into one SQL statement the backend runs whole.
+
+The statement returns one row per group with the exact statistics of the plan,
+never a raw row. Three transformations make it safe to run:
+
+* totality (`make_total`): numbers are computed in DOUBLE (no overflow errors),
+  divisors go through NULLIF(…, 0), casts become TRY_CAST, so whether the query
+  fails never depends on private values;
+* clamping: each summed value is clamped to its bounds after the row
+  expression is evaluated (NULL stays NULL), then centred;
+* contribution bounding: each privacy unit keeps at most `max_rows` randomly
+  chosen rows per group and at most `max_groups` groups, chosen by a hash
+  salted afresh for every query.
+
+>>> from dpproxy.policy import ColumnPolicy, TablePolicy
+>>> from sqlglot import parse_one
+>>> t = TablePolicy("t", {"a": ColumnPolicy("a", "int", 0, 10), "b": ColumnPolicy("b", "int")})
+>>> make_total(parse_one("a / b > 1", read="postgres"), t).sql("duckdb")
+'TRUNC(CAST(a AS DOUBLE) / NULLIF(CAST(b AS DOUBLE), 0)) > 1'
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from .analyze.aggregates import Statistic
+from .analyze.expressions import make_resolver, type_row_expression
+from .plan import QueryPlan
+from .policy import ColumnPolicy, TablePolicy
+
+UNIT = "__unit"
+ROW_RANK = "__row_rank"
+GROUP_RANK = "__group_rank"
+RANDOM = "__random"
+_DOUBLE = exp.DataType.build("DOUBLE")
+
+
+@dataclass(frozen=True)
+class Rewritten:
+    sql: str  # one statement in the backend's dialect
+    key_columns: tuple[str, ...]  # result columns holding group keys, in order
+    measurement_columns: tuple[str, ...]  # result columns holding plan.measurements, in order
+
+
+def make_total(node: exp.Expression, table: TablePolicy) -> exp.Expression:
+    """A copy of a row expression that cannot raise on any data: DOUBLE, NULLIF, TRY_CAST."""
+    resolve = make_resolver(table.name, None, table.columns)
+    # Types are read off the original tree, before any node is replaced.
+    integer_division = {
+        id(div): bool(div.args.get("typed"))
+        and type_row_expression(div.this, _lenient(resolve)).integer
+        and type_row_expression(div.expression, _lenient(resolve)).integer
+        for div in node.find_all(exp.Div)
+    }
+    root = node.copy()
+    original = list(node.dfs())
+    copied = list(root.dfs())
+    # Children come before their parents in reversed pre-order, so each node is rebuilt
+    # over already-total children.
+    for old, new in zip(reversed(original), reversed(copied), strict=True):
+        replacement = _total_node(new, table, integer_division.get(id(old), False))
+        if replacement is not new:
+            if new is root:
+                root = replacement
+            else:
+                new.replace(replacement)
+    return root
+
+
+def _lenient(resolve):  # type: ignore[no-untyped-def]
+    def lookup(node: exp.Column) -> ColumnPolicy:
+        # qualifiers were checked by the analyzer; the rewrite strips them
+        return resolve(exp.column(node.name))
+    return lookup
+
+
+def _total_node(node: exp.Expression, table: TablePolicy, integer_division: bool
+                ) -> exp.Expression:
+    if isinstance(node, exp.Column):
+        column = table.columns.get(node.name) or next(
+            c for n, c in table.columns.items() if n.lower() == node.name.lower())
+        bare = exp.column(column.name, quoted=True)
+        return exp.cast(bare, _DOUBLE) if column.type in ("int", "float") else bare
+    if isinstance(node, exp.Div):
+        quotient = exp.Div(this=node.this, expression=_nonzero(node.expression), typed=False,
+                           safe=False)
+        return exp.func("TRUNC", quotient) if integer_division else quotient
+    if isinstance(node, exp.Mod):
+        return exp.Mod(this=node.this, expression=_nonzero(node.expression))
+    if isinstance(node, exp.Cast | exp.TryCast):
+        safe = exp.TryCast(this=node.this, to=node.to)
+        return exp.cast(safe, _DOUBLE) if _is_numeric_type(node.to) else safe
+    if isinstance(node, exp.Extract | exp.Length):
+        return exp.cast(node, _DOUBLE)  # integer-valued; DOUBLE keeps later arithmetic total
+    return node
+
+
+def _nonzero(divisor: exp.Expression) -> exp.Expression:
+    return exp.Nullif(this=divisor, expression=exp.Literal.number(0))
+
+
+def _is_numeric_type(to: exp.DataType) -> bool:
+    return to.is_type(*exp.DataType.NUMERIC_TYPES)
+
+
+def _clamped(statistic: Statistic, table: TablePolicy) -> exp.Expression:
+    assert statistic.argument is not None
+    value = make_total(statistic.argument, table)
+    clamp = exp.Least(
+        this=exp.Greatest(this=exp.cast(value.copy(), _DOUBLE),
+                          expressions=[exp.Literal.number(statistic.lower)], ignore_nulls=True),
+        expressions=[exp.Literal.number(statistic.upper)], ignore_nulls=True)
+    centred: exp.Expression = clamp
+    if statistic.center:
+        centred = exp.Sub(this=clamp, expression=exp.Literal.number(statistic.center))
+    # LEAST/GREATEST skip NULLs, so a NULL would become a bound: keep it NULL.
+    return exp.Case(ifs=[exp.If(this=exp.Is(this=value, expression=exp.Null()),
+                                true=exp.Null())], default=centred)
+
+
+def _key_literal(value: object, column: ColumnPolicy) -> exp.Expression:
+    if column.type == "bool":
+        return exp.Boolean(this=bool(value))
+    if column.type in ("int", "float"):
+        return exp.Literal.number(value)
+    if column.type == "date":
+        return exp.cast(exp.Literal.string(str(value)), "DATE")
+    return exp.Literal.string(str(value))
+
+
+def _group_hash(dialect: str, parts: Sequence[exp.Expression], salt: str) -> exp.Expression:
+    """A per-query pseudo-random order of (unit, group) pairs."""
+    salted = [*parts, exp.Literal.string(salt)]
+    if dialect == "duckdb":
+        return exp.Anonymous(this="hash", expressions=salted)
+    text = exp.Concat(expressions=[exp.cast(p, "TEXT") for p in salted], safe=True)
+    return exp.MD5(this=text)
+
+
+def rewrite(plan: QueryPlan, dialect: str = "duckdb", salt: str | None = None) -> Rewritten:
+    """The backend statement computing every measurement of the plan per group."""
+    analysis = plan.analysis
+    table = analysis.table
+    bound = plan.contribution
+    salt = salt or secrets.token_hex(8)
+
+    key_names = tuple(f"k{i}" for i in range(len(analysis.keys)))
+    inner_items: list[exp.Expression] = []
+    key_refs: list[exp.Expression] = []
+    filters: list[exp.Expression] = []
+    for name, key in zip(key_names, analysis.keys, strict=True):
+        column = exp.column(key.column.name, quoted=True)
+        inner_items.append(exp.alias_(column.copy(), name))
+        key_refs.append(exp.column(name))
+        # keys outside the public list are dropped before bounding, so they use no slot
+        filters.append(exp.In(this=column.copy(),
+                              expressions=[_key_literal(v, key.column) for v in key.values]))
+
+    value_names: list[str | None] = []
+    for index, measurement in enumerate(plan.measurements):
+        statistic = measurement.statistic
+        if statistic.kind == "sum":
+            value: exp.Expression | None = _clamped(statistic, table)
+        elif statistic.kind == "count" and statistic.argument is not None:
+            value = make_total(statistic.argument, table)
+        else:
+            value = None
+        if value is None:
+            value_names.append(None)
+            continue
+        value_names.append(f"v{index}")
+        inner_items.append(exp.alias_(value, f"v{index}"))
+
+    where = analysis.where
+    if where is not None:
+        filters.insert(0, make_total(where, table))
+    unit = exp.column(bound.privacy_unit, quoted=True) if bound.privacy_unit else None
+    if unit is not None:
+        inner_items.append(exp.alias_(unit, UNIT))
+        # drawn here because window ORDER BY may not be volatile (DuckDB)
+        inner_items.append(exp.alias_(exp.Rand(), RANDOM))
+    inner = exp.select(*inner_items).from_(exp.to_table(table.name, quoted=True))
+    if filters:
+        inner = inner.where(exp.and_(*filters))
+    source: exp.Expression = inner.subquery("filtered")
+
+    bounded_filter: list[exp.Expression] = []
+    if unit is not None:
+        unit_ref = exp.column(UNIT)
+        ranks: list[exp.Expression] = [exp.alias_(exp.Window(
+            this=exp.RowNumber(),
+            partition_by=[unit_ref.copy(), *(k.copy() for k in key_refs)],
+            order=exp.Order(expressions=[exp.Ordered(this=exp.column(RANDOM))])), ROW_RANK)]
+        bounded_filter.append(exp.LTE(this=exp.column(ROW_RANK),
+                                      expression=exp.Literal.number(bound.max_rows)))
+        if analysis.keys:
+            ranks.append(exp.alias_(exp.Window(
+                this=exp.Anonymous(this="DENSE_RANK"),
+                partition_by=[unit_ref.copy()],
+                # the keys break (astronomically unlikely) hash ties between distinct groups
+                order=exp.Order(expressions=[
+                    exp.Ordered(this=_group_hash(dialect, [unit_ref.copy(), *key_refs], salt)),
+                    *(exp.Ordered(this=k.copy()) for k in key_refs)])), GROUP_RANK))
+            bounded_filter.append(exp.LTE(this=exp.column(GROUP_RANK),
+                                          expression=exp.Literal.number(bound.max_groups)))
+        source = exp.select(exp.Star(), *ranks).from_(source).subquery("ranked")
+
+    outer_items: list[exp.Expression] = list(key_refs)
+    for measurement, value_name in zip(plan.measurements, value_names, strict=True):
+        statistic = measurement.statistic
+        if statistic.kind == "sum":
+            agg: exp.Expression = exp.Coalesce(
+                this=exp.Sum(this=exp.column(value_name)),
+                expressions=[exp.Literal.number(0)])
+        elif statistic.kind == "count_units":
+            agg = exp.Count(this=exp.Distinct(expressions=[exp.column(UNIT)]))
+        elif value_name is not None:
+            agg = exp.Count(this=exp.column(value_name))
+        else:
+            agg = exp.Count(this=exp.Star())
+        outer_items.append(exp.alias_(agg, measurement.column))
+    if not plan.measurements:
+        raise ValueError("a plan without measurements reads no data: do not run it")
+    outer = exp.select(*outer_items).from_(source)
+    if bounded_filter:
+        outer = outer.where(exp.and_(*bounded_filter))
+    if key_refs:
+        outer = outer.group_by(*(k.copy() for k in key_refs))
+    return Rewritten(outer.sql(dialect=dialect), key_names,
+                     tuple(m.column for m in plan.measurements))
+

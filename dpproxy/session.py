@@ -1,0 +1,284 @@
+"""The session: parse → analyze → plan → rewrite → charge → execute → release → respond.
+
+An `Engine` holds what one policy's sessions share (backend, ledger, audit
+log); a `Session` is one analyst's connection with its options. Neither knows
+about the wire or the DB-API: both are thin shells over `Session.execute`.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from . import errors
+from .accountant import AccountStatus, Cost, Ledger
+from .analyze import Analysis, ConstantQuery, analyze
+from .audit import AuditLog, AuditRecord
+from .backends import Backend, open_backend
+from .parse import Parameters, Statement, parse_statements
+from .plan import QueryOptions, QueryPlan, plan_query
+from .policy import AnalystPolicy, Policy, load_policy
+from .postprocess import evaluate
+from .release import ColumnAccuracy, Interval, Released, release
+from .rewrite import rewrite
+
+OPTION_PREFIX = "dpproxy."
+OPTIONS = ("epsilon", "delta", "mechanism", "confidence")
+
+
+@dataclass
+class Result:
+    """What a statement returns: rows with their accuracy, and what it cost."""
+
+    columns: tuple[str, ...] = ()
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+    tag: str = "SELECT 0"  # PostgreSQL command tag
+    accuracy: tuple[ColumnAccuracy | None, ...] = ()
+    intervals: list[tuple[Interval | None, ...]] = field(default_factory=list)
+    cost: Cost | None = None  # charged by this statement (None: nothing charged)
+    remaining: Cost | None = None  # the analyst's budget left afterwards
+    notices: list[str] = field(default_factory=list)
+
+
+def analyst_account(name: str) -> str:
+    return f"analyst:{name}"
+
+
+def table_account(name: str) -> str:
+    return f"table:{name}"
+
+
+class Engine:
+    """Everything sessions on one policy share. Thread-safe."""
+
+    def __init__(self, policy: Policy, backend: Backend | None = None) -> None:
+        self.policy = policy
+        self.backend = backend if backend is not None else open_backend(policy)
+        budgets = {analyst_account(a.name): Cost(a.budget.epsilon, a.budget.delta)
+                   for a in policy.analysts.values() if a.budget is not None}
+        budgets |= {table_account(t.name): Cost(t.total_budget.epsilon, t.total_budget.delta)
+                    for t in policy.tables.values() if t.total_budget is not None}
+        self.ledger = Ledger(policy.ledger_path, budgets)
+        self.audit = AuditLog(policy.audit_log_path)
+        self._closed = False
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_path(cls, path: str | Path) -> Engine:
+        return cls(load_policy(path))
+
+    def session(self, analyst: str, **options: Any) -> Session:
+        return Session(self, self.policy.analyst(analyst), options)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.ledger.close()
+        self.backend.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Session:
+    def __init__(self, engine: Engine, analyst: AnalystPolicy, options: dict[str, Any]) -> None:
+        self.engine = engine
+        self.analyst = analyst
+        defaults = engine.policy.privacy
+        self._defaults = QueryOptions(defaults.default_epsilon, defaults.default_delta,
+                                      defaults.mechanism, defaults.confidence)
+        self.options = self._defaults
+        for name, value in options.items():
+            self.set_option(name, value)
+        self.client_settings: dict[str, str] = {}
+
+    # options --------------------------------------------------------------------------------
+    def set_option(self, name: str, value: Any) -> None:
+        """Set dpproxy.<name> (epsilon, delta, mechanism, confidence) for later queries."""
+        key = name.lower().removeprefix(OPTION_PREFIX)
+        if key not in OPTIONS:
+            raise errors.UndefinedObject(f"unrecognized configuration parameter "
+                                         f"\"{OPTION_PREFIX}{key}\"",
+                                         hint=f"dpproxy options: {', '.join(OPTIONS)}")
+        try:
+            typed: Any = str(value).lower() if key == "mechanism" else float(value)
+        except (TypeError, ValueError):
+            raise errors.InvalidParameterValue(
+                f"invalid value for {OPTION_PREFIX}{key}: {value!r}") from None
+        if key == "mechanism" and typed not in ("laplace", "gaussian"):
+            raise errors.InvalidParameterValue(
+                f"invalid value for {OPTION_PREFIX}mechanism: {value!r}",
+                hint="use 'laplace' or 'gaussian'")
+        self.options = replace(self.options, **{key: typed})
+
+    def show_option(self, key: str) -> str:
+        return str(getattr(self.options, key))
+
+    # execution ------------------------------------------------------------------------------
+    def execute(self, sql: str, params: Parameters = None) -> Result:
+        """Run one statement string; with several (session statements around at most one
+        query), return the last statement's result."""
+        try:
+            statements = parse_statements(sql, params)
+            queries = [s for s in statements if not s.is_session_statement]
+            if len(statements) > 1 and len(queries) > 1:
+                raise errors.NotSupportedError(
+                    "several queries in one string are not supported",
+                    hint="send one query at a time; each is charged separately")
+        except errors.Error as exc:
+            self._audit(sql, "rejected", exc)
+            raise
+        result = Result()
+        for statement in statements:
+            result = self._execute_one(statement)
+        return result
+
+    def _execute_one(self, statement: Statement) -> Result:
+        try:
+            if statement.kind == "select":
+                return self._query(statement)
+            if statement.kind == "explain":
+                return self._explain(statement)
+            return self._session_statement(statement)
+        except errors.Error as exc:
+            outcome = "failed" if isinstance(exc, errors.BackendError) else "rejected"
+            self._audit(statement.text, outcome, exc)
+            raise
+
+    def _audit(self, text: str, outcome: str, exc: errors.Error | None = None, **extra: Any
+               ) -> None:
+        self.engine.audit.write(AuditRecord(
+            analyst=self.analyst.name, statement=text, outcome=outcome,
+            sqlstate=exc.sqlstate if exc else None, **extra))
+
+    def _accounts(self, analysis: Analysis) -> list[str]:
+        accounts = [analyst_account(self.analyst.name)]
+        if analysis.table.total_budget is not None:
+            accounts.append(table_account(analysis.table.name))
+        return accounts
+
+    def _plan(self, statement: Statement) -> QueryPlan | ConstantQuery:
+        assert statement.ast is not None
+        analysis = analyze(statement.ast, self.engine.policy, self.analyst)
+        if isinstance(analysis, ConstantQuery):
+            return analysis
+        if self.analyst.budget is None:
+            raise errors.PrivacyViolation(f"analyst {self.analyst.name} has no privacy budget")
+        return plan_query(analysis, self.options)
+
+    def _query(self, statement: Statement) -> Result:
+        planned = self._plan(statement)
+        if isinstance(planned, ConstantQuery):
+            row = tuple(evaluate(o.expression, {}, {}) for o in planned.outputs)
+            self._audit(planned.statement, "answered", rows=1)
+            return Result(tuple(o.name for o in planned.outputs), [row], "SELECT 1",
+                          accuracy=tuple(None for _ in row), intervals=[tuple(None for _ in row)])
+        plan = planned
+        analysis = plan.analysis
+        charge_id = None
+        if plan.measurements:
+            rewritten = rewrite(plan, self.engine.backend.dialect)
+            # Charge first, durably: a failure after this point may depend on the data,
+            # so it is paid for like a release.
+            charge = self.engine.ledger.charge(self._accounts(analysis), plan.cost,
+                                               analyst=self.analyst.name,
+                                               statement=analysis.statement)
+            charge_id = charge.charge_id
+            try:
+                exact_rows = self.engine.backend.run_aggregate(rewritten.sql)
+            except errors.Error as exc:
+                self._audit(analysis.statement, "failed", exc, epsilon=plan.cost.epsilon,
+                            delta=plan.cost.delta, charge_id=charge_id)
+                raise
+            released = release(plan, exact_rows)
+            del exact_rows
+        else:
+            released = release(plan, [])  # public keys only: nothing private is read
+        remaining = self.remaining()
+        self._audit(analysis.statement, "released", epsilon=plan.cost.epsilon,
+                    delta=plan.cost.delta, rows=len(released.rows), charge_id=charge_id)
+        return self._result(released, plan, remaining)
+
+    def _result(self, released: Released, plan: QueryPlan, remaining: Cost) -> Result:
+        notices = [a.describe() for a in released.accuracy if a is not None]
+        notices.append(f"budget left: ε={remaining.epsilon:.6g}, δ={remaining.delta:.3g}")
+        return Result(released.columns, released.rows, f"SELECT {len(released.rows)}",
+                      released.accuracy, released.intervals,
+                      plan.cost if plan.measurements else None, remaining, notices)
+
+    def remaining(self) -> Cost:
+        return self.budget_status().remaining
+
+    def budget_status(self) -> AccountStatus:
+        return self.engine.ledger.status(analyst_account(self.analyst.name))
+
+    def _explain(self, statement: Statement) -> Result:
+        planned = self._plan(statement)
+        if isinstance(planned, ConstantQuery):
+            lines = ["Constant query: reads no data, costs nothing"]
+        else:
+            from .explain import explain_lines
+
+            sql = rewrite(planned, self.engine.backend.dialect, salt="<per-query salt>").sql \
+                if planned.measurements else None
+            lines = explain_lines(planned, sql, self.remaining())
+        self._audit(statement.text, "answered", rows=len(lines))
+        return Result(("QUERY PLAN",), [(line,) for line in lines], "EXPLAIN")
+
+    def _session_statement(self, statement: Statement) -> Result:
+        if statement.kind == "set":
+            if statement.name and statement.name.startswith(OPTION_PREFIX):
+                self.set_option(statement.name, statement.value)
+            elif statement.name:
+                self.client_settings[statement.name] = str(statement.value)
+            return Result(tag="SET")
+        if statement.kind == "reset":
+            name = statement.name or "all"
+            if name == "all":
+                self.options = self._defaults
+                self.client_settings.clear()
+            elif name.startswith(OPTION_PREFIX):
+                key = name.removeprefix(OPTION_PREFIX)
+                self.set_option(key, getattr(self._defaults, key))
+            else:
+                self.client_settings.pop(name, None)
+            return Result(tag="RESET")
+        if statement.kind == "show":
+            return self._show(statement.name or "")
+        if statement.kind == "noop" and statement.ast is not None:
+            # SELECT pg_advisory_unlock_all(), sent by connection pools
+            return Result(("pg_advisory_unlock_all",), [(None,)], "SELECT 1")
+        return Result(tag=statement.tag)
+
+    def _show(self, name: str) -> Result:
+        if name == f"{OPTION_PREFIX}budget":
+            rows = []
+            for account in [analyst_account(self.analyst.name)] + [
+                    table_account(t) for t in self.analyst.tables
+                    if self.engine.policy.tables[t].total_budget is not None]:
+                s = self.engine.ledger.status(account)
+                rows.append((account, s.budget.epsilon, s.spent.epsilon, s.remaining.epsilon,
+                             s.budget.delta, s.spent.delta, s.remaining.delta))
+            return Result(("account", "epsilon_budget", "epsilon_spent", "epsilon_remaining",
+                           "delta_budget", "delta_spent", "delta_remaining"), rows,
+                          f"SELECT {len(rows)}")
+        if name.startswith(OPTION_PREFIX) and name.removeprefix(OPTION_PREFIX) in OPTIONS:
+            return Result((name,), [(self.show_option(name.removeprefix(OPTION_PREFIX)),)],
+                          "SHOW")
+        if name == "all":
+            rows = [(f"{OPTION_PREFIX}{k}", self.show_option(k)) for k in OPTIONS]
+            rows += sorted(self.client_settings.items())
+            return Result(("name", "setting"), rows, "SHOW")
+        if name in self.client_settings:
+            return Result((name,), [(self.client_settings[name],)], "SHOW")
+        raise errors.UndefinedObject(f"unrecognized configuration parameter \"{name}\"",
+                                     hint=f"dpproxy options: "
+                                          f"{', '.join(OPTION_PREFIX + k for k in OPTIONS)}, "
+                                          f"{OPTION_PREFIX}budget")

@@ -40,7 +40,7 @@ def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -
         parts = ", ".join(plan.measurements[i].column for i in agg.statistics)
         lines.append(f"  {agg.sql} from {parts}")
     if rewritten_sql is not None:
-        lines.append("Rewritten SQL:")
+        lines.append("Rewritten SQL (a parameter, if any, is a salt drawn afresh per query):")
         lines.append(f"  {rewritten_sql}")
     else:
         lines.append("Reads no private data (public keys only); costs nothing")

@@ -289,7 +289,7 @@ def parse_policy(raw: Mapping[str, Any], file: Path) -> Policy:
         be.fail("path", "a duckdb backend needs path = \"file.duckdb\"")
     if kind == "postgres" and dsn is None:
         be.fail("dsn", "a postgres backend needs dsn = \"postgresql://…\"")
-    backend = BackendConfig(kind, (base / bpath) if bpath else None, dsn,  # type: ignore[arg-type]
+    backend = BackendConfig(kind, (base / bpath).resolve() if bpath else None, dsn,  # type: ignore[arg-type]
                             be.get("demo_seed", int))
 
     pr = top.sub("privacy", {"default_epsilon", "default_delta", "mechanism", "accounting",
@@ -316,9 +316,9 @@ def parse_policy(raw: Mapping[str, Any], file: Path) -> Policy:
     analysts = {name: _analyst(an, name, spec, tables) for name, spec in analysts_raw.items()}
 
     ledger = top.sub("ledger", {"path"})
-    ledger_path = base / (ledger.get("path", str, f"{file.stem}.ledger.sqlite")
-                          if ledger else f"{file.stem}.ledger.sqlite")
+    ledger_path = (base / (ledger.get("path", str, f"{file.stem}.ledger.sqlite")
+                           if ledger else f"{file.stem}.ledger.sqlite")).resolve()
     audit = top.sub("audit", {"path"})
-    audit_path = base / (audit.get("path", str, f"{file.stem}.audit.jsonl")
-                         if audit else f"{file.stem}.audit.jsonl")
+    audit_path = (base / (audit.get("path", str, f"{file.stem}.audit.jsonl")
+                          if audit else f"{file.stem}.audit.jsonl")).resolve()
     return Policy(file, database, backend, privacy, tables, analysts, ledger_path, audit_path)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlglot import exp
 
@@ -31,6 +31,25 @@ OUTPUT_FUNCTIONS_HELP = (
 )
 
 Value = Any  # int | float | str | bool | None
+
+
+class AggregateRef(exp.Expression):
+    """Stands for one aggregate's released value inside an output expression.
+
+    The analyzer puts it where the aggregate call was, so evaluating a row looks the
+    value up by name instead of regenerating SQL text.
+    """
+
+    arg_types: ClassVar[dict[str, bool]] = {"this": True}
+
+
+def refer_to_aggregates(node: exp.Expression, names: Mapping[str, str]) -> exp.Expression:
+    """A copy of `node` with each aggregate call replaced by an AggregateRef to its name."""
+    def swap(n: exp.Expression) -> exp.Expression:
+        if isinstance(n, exp.AggFunc):
+            return AggregateRef(this=names[n.sql("postgres")])
+        return n
+    return node.transform(swap)
 Env = tuple[Mapping[str, Value], Mapping[str, Value]]  # (aggregates by SQL, keys by name)
 
 
@@ -70,6 +89,8 @@ def check_output_expression(node: exp.Expression, check_key: Callable[[exp.Colum
 def evaluate(node: exp.Expression, aggregates: Mapping[str, Value], keys: Mapping[str, Value]
              ) -> Value:
     """Evaluate a checked output expression over released aggregates and group keys."""
+    if isinstance(node, AggregateRef):
+        return aggregates[node.this]
     if isinstance(node, exp.AggFunc):
         return aggregates[node.sql("postgres")]
     if isinstance(node, exp.Column):

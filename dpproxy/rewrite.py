@@ -41,9 +41,20 @@ _DOUBLE = exp.DataType.build("DOUBLE")
 
 @dataclass(frozen=True)
 class Rewritten:
+    """One backend statement; its only parameter, if any, is the per-query salt."""
+
     sql: str  # one statement in the backend's dialect
     key_columns: tuple[str, ...]  # result columns holding group keys, in order
     measurement_columns: tuple[str, ...]  # result columns holding plan.measurements, in order
+    salted: bool  # True: bind a fresh salt (`new_salt()`) as its one parameter
+
+    def parameters(self) -> tuple[str, ...]:
+        """The statement's parameters for one execution: a salt drawn afresh."""
+        return (new_salt(),) if self.salted else ()
+
+
+def new_salt() -> str:
+    return secrets.token_hex(16)
 
 
 def make_total(node: exp.Expression, table: TablePolicy) -> exp.Expression:
@@ -132,21 +143,25 @@ def _key_literal(value: object, column: ColumnPolicy) -> exp.Expression:
     return exp.Literal.string(str(value))
 
 
-def _group_hash(dialect: str, parts: Sequence[exp.Expression], salt: str) -> exp.Expression:
-    """A per-query pseudo-random order of (unit, group) pairs."""
-    salted = [*parts, exp.Literal.string(salt)]
+def _group_hash(dialect: str, parts: Sequence[exp.Expression]) -> exp.Expression:
+    """A per-query pseudo-random order of (unit, group) pairs; the salt is a parameter."""
+    salted = [*parts, exp.Placeholder()]
     if dialect == "duckdb":
         return exp.Anonymous(this="hash", expressions=salted)
     text = exp.Concat(expressions=[exp.cast(p, "TEXT") for p in salted], safe=True)
     return exp.MD5(this=text)
 
 
-def rewrite(plan: QueryPlan, dialect: str = "duckdb", salt: str | None = None) -> Rewritten:
-    """The backend statement computing every measurement of the plan per group."""
+def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
+    """The backend statement computing every measurement of the plan per group.
+
+    It depends only on the analysis and the policy's contribution bounds, so a caller
+    may reuse it for the same normalized query; randomness enters through the salt
+    parameter and the backend's RANDOM().
+    """
     analysis = plan.analysis
     table = analysis.table
     bound = plan.contribution
-    salt = salt or secrets.token_hex(8)
 
     key_names = tuple(f"k{i}" for i in range(len(analysis.keys)))
     inner_items: list[exp.Expression] = []
@@ -183,10 +198,13 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb", salt: str | None = None) -
         inner_items.append(exp.alias_(unit, UNIT))
         # drawn here because window ORDER BY may not be volatile (DuckDB)
         inner_items.append(exp.alias_(exp.Rand(), RANDOM))
-    inner = exp.select(*inner_items).from_(exp.to_table(table.name, quoted=True))
+    if not inner_items:  # COUNT(*) alone, without a privacy unit, needs no column
+        inner_items.append(exp.alias_(exp.Literal.number(1), "__row"))
+    inner = exp.select(*inner_items, copy=False).from_(exp.to_table(table.name, quoted=True),
+                                                       copy=False)
     if filters:
-        inner = inner.where(exp.and_(*filters))
-    source: exp.Expression = inner.subquery("filtered")
+        inner = inner.where(exp.and_(*filters, copy=False), copy=False)
+    source: exp.Expression = inner.subquery("filtered", copy=False)
 
     bounded_filter: list[exp.Expression] = []
     if unit is not None:
@@ -203,11 +221,12 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb", salt: str | None = None) -
                 partition_by=[unit_ref.copy()],
                 # the keys break (astronomically unlikely) hash ties between distinct groups
                 order=exp.Order(expressions=[
-                    exp.Ordered(this=_group_hash(dialect, [unit_ref.copy(), *key_refs], salt)),
+                    exp.Ordered(this=_group_hash(dialect, [unit_ref.copy(), *key_refs])),
                     *(exp.Ordered(this=k.copy()) for k in key_refs)])), GROUP_RANK))
             bounded_filter.append(exp.LTE(this=exp.column(GROUP_RANK),
                                           expression=exp.Literal.number(bound.max_groups)))
-        source = exp.select(exp.Star(), *ranks).from_(source).subquery("ranked")
+        source = exp.select(exp.Star(), *ranks, copy=False).from_(source, copy=False) \
+            .subquery("ranked", copy=False)
 
     outer_items: list[exp.Expression] = list(key_refs)
     for measurement, value_name in zip(plan.measurements, value_names, strict=True):
@@ -225,11 +244,12 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb", salt: str | None = None) -
         outer_items.append(exp.alias_(agg, measurement.column))
     if not plan.measurements:
         raise ValueError("a plan without measurements reads no data: do not run it")
-    outer = exp.select(*outer_items).from_(source)
+    outer = exp.select(*outer_items, copy=False).from_(source, copy=False)
     if bounded_filter:
-        outer = outer.where(exp.and_(*bounded_filter))
+        outer = outer.where(exp.and_(*bounded_filter, copy=False), copy=False)
     if key_refs:
-        outer = outer.group_by(*(k.copy() for k in key_refs))
+        outer = outer.group_by(*(k.copy() for k in key_refs), copy=False)
+    salted = unit is not None and bool(analysis.keys)
     return Rewritten(outer.sql(dialect=dialect), key_names,
-                     tuple(m.column for m in plan.measurements))
+                     tuple(m.column for m in plan.measurements), salted)
 

@@ -8,6 +8,7 @@ about the wire or the DB-API: both are thin shells over `Session.execute`.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -22,10 +23,11 @@ from .plan import QueryOptions, QueryPlan, plan_query
 from .policy import AnalystPolicy, Policy, load_policy
 from .postprocess import evaluate
 from .release import ColumnAccuracy, Interval, Released, release
-from .rewrite import rewrite
+from .rewrite import Rewritten, rewrite
 
 OPTION_PREFIX = "dpproxy."
 OPTIONS = ("epsilon", "delta", "mechanism", "confidence")
+REWRITE_CACHE_SIZE = 1024
 
 
 @dataclass
@@ -64,6 +66,23 @@ class Engine:
         self.audit = AuditLog(policy.audit_log_path)
         self._closed = False
         self._lock = threading.Lock()
+        self._rewrites: OrderedDict[str, Rewritten] = OrderedDict()
+
+    def rewritten(self, plan: QueryPlan) -> Rewritten:
+        """The backend statement for a plan, cached by normalized query: it depends only on
+        the analysis and this engine's policy (the salt is bound per execution)."""
+        key = plan.analysis.statement
+        with self._lock:
+            cached = self._rewrites.get(key)
+            if cached is not None:
+                self._rewrites.move_to_end(key)
+                return cached
+        fresh = rewrite(plan, self.backend.dialect)
+        with self._lock:
+            self._rewrites[key] = fresh
+            if len(self._rewrites) > REWRITE_CACHE_SIZE:
+                self._rewrites.popitem(last=False)
+        return fresh
 
     @classmethod
     def from_path(cls, path: str | Path) -> Engine:
@@ -184,7 +203,7 @@ class Session:
         analysis = plan.analysis
         charge_id = None
         if plan.measurements:
-            rewritten = rewrite(plan, self.engine.backend.dialect)
+            rewritten = self.engine.rewritten(plan)
             # Charge first, durably: a failure after this point may depend on the data,
             # so it is paid for like a release.
             charge = self.engine.ledger.charge(self._accounts(analysis), plan.cost,
@@ -192,7 +211,8 @@ class Session:
                                                statement=analysis.statement)
             charge_id = charge.charge_id
             try:
-                exact_rows = self.engine.backend.run_aggregate(rewritten.sql)
+                exact_rows = self.engine.backend.run_aggregate(rewritten.sql,
+                                                               rewritten.parameters())
             except errors.Error as exc:
                 self._audit(analysis.statement, "failed", exc, epsilon=plan.cost.epsilon,
                             delta=plan.cost.delta, charge_id=charge_id)
@@ -226,8 +246,7 @@ class Session:
         else:
             from .explain import explain_lines
 
-            sql = rewrite(planned, self.engine.backend.dialect, salt="<per-query salt>").sql \
-                if planned.measurements else None
+            sql = self.engine.rewritten(planned).sql if planned.measurements else None
             lines = explain_lines(planned, sql, self.remaining())
         self._audit(statement.text, "answered", rows=len(lines))
         return Result(("QUERY PLAN",), [(line,) for line in lines], "EXPLAIN")

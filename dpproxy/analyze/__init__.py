@@ -15,7 +15,7 @@ Nothing here touches data; the result says exactly what will be measured.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlglot import exp
 
@@ -28,7 +28,12 @@ from ..errors import (
     UndefinedTable,
 )
 from ..policy import AnalystPolicy, ColumnPolicy, Policy, TablePolicy
-from ..postprocess import OUTPUT_FUNCTIONS_HELP, check_output_expression, output_name
+from ..postprocess import (
+    OUTPUT_FUNCTIONS_HELP,
+    check_output_expression,
+    output_name,
+    refer_to_aggregates,
+)
 from .aggregates import RULES, SUPPORTED_HELP, AggregateRule, Statistic
 from .expressions import ExprType, Resolver, make_resolver, type_row_expression
 
@@ -410,6 +415,11 @@ def _resolve_outputs(select: exp.Select, keys: tuple[GroupKey, ...],
             # PostgreSQL's default: NULLS LAST when ascending, NULLS FIRST when descending
             order.append(OrderItem(target, descending,
                                    bool(nulls_first) if nulls_first is not None else descending))
+    names = {a.sql: a.sql for a in aggregates}
+    outputs = [replace(o, expression=refer_to_aggregates(o.expression, names)) for o in outputs]
+    order = [replace(o, expression=refer_to_aggregates(o.expression, names)) for o in order]
+    if having is not None:
+        having = refer_to_aggregates(having, names)
     return tuple(outputs), having, tuple(order)
 
 

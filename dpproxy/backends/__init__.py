@@ -6,6 +6,7 @@ its own error messages are withheld from the analyst (they may quote data).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from ..policy import Policy
@@ -14,7 +15,8 @@ from ..policy import Policy
 class Backend(Protocol):
     dialect: str  # sqlglot dialect the rewrite emits for this backend
 
-    def run_aggregate(self, sql: str) -> list[tuple[object, ...]]:
+    def run_aggregate(self, sql: str, parameters: Sequence[object] = ()
+                      ) -> list[tuple[object, ...]]:
         """Run one rewritten statement; raise BackendError (never the raw error) on failure."""
         ...
 

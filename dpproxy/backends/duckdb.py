@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import duckdb
@@ -19,10 +20,12 @@ class DuckDBBackend:
             raise InvalidPolicy(f"the DuckDB database {path} does not exist",
                                 hint="build the demo with `dpproxy demo`, or fix backend.path")
         # Read-only, and no file or network access from SQL: the rewrite never needs either,
-        # so nothing that slipped through could read a file either.
-        self._connection = duckdb.connect(
-            str(path), read_only=True,
-            config={"enable_external_access": False, "lock_configuration": True})
+        # so nothing that slipped through could read a file. Set after connecting (not as
+        # connect config) so other read-only connections in this process can still open
+        # the file; the settings hold for the whole database instance.
+        self._connection = duckdb.connect(str(path), read_only=True)
+        self._connection.execute("SET enable_external_access = false")
+        self._connection.execute("SET lock_configuration = true")
         self._local = threading.local()
         self._lock = threading.Lock()
 
@@ -45,9 +48,10 @@ class DuckDBBackend:
             self._local.cursor = cursor
         return cursor
 
-    def run_aggregate(self, sql: str) -> list[tuple[object, ...]]:
+    def run_aggregate(self, sql: str, parameters: Sequence[object] = ()
+                      ) -> list[tuple[object, ...]]:
         try:
-            return self._cursor().execute(sql).fetchall()
+            return self._cursor().execute(sql, list(parameters)).fetchall()
         except duckdb.Error as exc:
             raise BackendError(
                 "the backend could not run the rewritten query",

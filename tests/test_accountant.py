@@ -1,0 +1,412 @@
+"""The privacy budget ledger: exact arithmetic, atomic multi-account charges, concurrency
+across threads and processes, durability across a killed process, schema versioning."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from dpproxy.accountant import SCHEMA_VERSION, Cost, Ledger
+from dpproxy.errors import (
+    BudgetExceeded,
+    InterfaceError,
+    InvalidParameterValue,
+    OperationalError,
+    UndefinedObject,
+)
+
+REPO = str(Path(__file__).resolve().parents[1])
+ALICE, ADULT = "analyst:alice", "table:adult"
+
+
+def spend(ledger: Ledger, cost: Cost, accounts: tuple[str, ...] = (ALICE,)) -> None:
+    ledger.charge(accounts, cost, analyst="alice", statement="SELECT COUNT(*) FROM adult")
+
+
+# -- exact decimal ----------------------------------------------------------------------------
+
+def test_budget_of_one_buys_exactly_ten_queries_of_a_tenth(tmp_path: Path) -> None:
+    assert sum([0.1] * 10) != 1.0  # why floats are not enough
+    with Ledger(tmp_path / "l.db", {ALICE: Cost(1.0)}) as ledger:
+        for _ in range(10):
+            spend(ledger, Cost(0.1))
+        with pytest.raises(BudgetExceeded) as exc:
+            spend(ledger, Cost(0.1))
+        assert exc.value.sqlstate == "53400"
+        assert exc.value.message == ("privacy budget exceeded for analyst alice: query costs "
+                                     "ε=0.1, δ=0; remaining ε=0, δ=0")
+        assert "SET dpproxy.epsilon" in (exc.value.hint or "")
+        st = ledger.status(ALICE)
+        assert st.spent == Cost(1.0, 0.0)
+        assert st.remaining == Cost(0.0, 0.0)
+        assert len(ledger.history(ALICE)) == 10
+
+
+def test_delta_is_exact_too(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "l.db", {ALICE: Cost(10.0, 1e-5)}) as ledger:
+        for _ in range(10):
+            spend(ledger, Cost(0.0, 1e-6))
+        with pytest.raises(BudgetExceeded) as exc:
+            spend(ledger, Cost(0.0, 1e-6))
+        assert exc.value.sqlstate == "53400"
+        assert "query costs ε=0, δ=1e-06; remaining ε=10, δ=0" in exc.value.message
+        assert "SET dpproxy.delta" in (exc.value.hint or "")
+        assert ledger.status(ALICE).spent == Cost(0.0, 1e-5)
+
+
+def test_refusal_message_shows_exact_remaining(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "l.db", {ALICE: Cost(0.8, 1e-5)}) as ledger:
+        spend(ledger, Cost(0.5))
+        assert ledger.status(ALICE).remaining == Cost(0.3, 1e-5)  # 0.8 - 0.5 in floats is not 0.3
+        with pytest.raises(BudgetExceeded) as exc:
+            spend(ledger, Cost(0.5))
+        assert exc.value.message == ("privacy budget exceeded for analyst alice: query costs "
+                                     "ε=0.5, δ=0; remaining ε=0.3, δ=1e-05")
+        assert exc.value.hint == ("lower the query's epsilon (SET dpproxy.epsilon = …) or ask "
+                                  "an admin to grant more budget")
+        spend(ledger, Cost(0.3))  # exactly what remains still fits
+        assert ledger.status(ALICE).remaining == Cost(0.0, 1e-5)
+
+
+# -- multi-account ----------------------------------------------------------------------------
+
+def test_charge_touching_two_accounts_needs_both(tmp_path: Path) -> None:
+    budgets = {ALICE: Cost(1.0, 1e-6), ADULT: Cost(0.5, 1e-6), "analyst:bob": Cost(0.3)}
+    with Ledger(tmp_path / "l.db", budgets) as ledger:
+        c = ledger.charge([ALICE, ADULT], Cost(0.4), analyst="alice", statement="q1")
+        assert c.accounts == (ALICE, ADULT) and len(c.charge_id) == 32
+        # the table cannot pay 0.4 more: nothing is written to alice either
+        with pytest.raises(BudgetExceeded) as exc:
+            ledger.charge([ALICE, ADULT], Cost(0.4), analyst="alice", statement="q2")
+        assert "for table adult:" in exc.value.message and "alice" not in exc.value.message
+        assert "remaining ε=0.1, δ=1e-06" in exc.value.message
+        assert ledger.status(ALICE).spent == Cost(0.4)
+        assert ledger.status(ADULT).spent == Cost(0.4)
+        # the analyst cannot pay: nothing is written to the table
+        with pytest.raises(BudgetExceeded) as exc:
+            ledger.charge(["analyst:bob", ADULT], Cost(0.5, 0.0), analyst="bob", statement="q3")
+        assert "analyst bob and table adult" in exc.value.message
+        with pytest.raises(BudgetExceeded):
+            ledger.charge(["analyst:bob", ADULT], Cost(0.31), analyst="bob", statement="q4")
+        assert ledger.status(ADULT).spent == Cost(0.4)
+        assert ledger.status("analyst:bob").spent == Cost(0.0)
+        assert [h.statement for h in ledger.history()] == ["q1"]
+        assert ledger.history("analyst:bob") == []
+        # an unknown account among known ones: refused, nothing written
+        with pytest.raises(UndefinedObject):
+            ledger.charge([ALICE, "table:nope"], Cost(0.1), analyst="alice", statement="q5")
+        assert ledger.status(ALICE).spent == Cost(0.4)
+        assert len(ledger.history()) == 1
+
+
+def test_duplicate_accounts_are_charged_once(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "l.db", {ALICE: Cost(1.0)}) as ledger:
+        c = ledger.charge([ALICE, ALICE], Cost(0.25), analyst="alice", statement="q")
+        assert c.accounts == (ALICE,)
+        assert ledger.status(ALICE).spent == Cost(0.25)
+
+
+def test_history_is_newest_first_and_filtered(tmp_path: Path) -> None:
+    budgets = {ALICE: Cost(1.0, 1e-6), ADULT: Cost(1.0, 1e-6), "analyst:bob": Cost(1.0)}
+    with Ledger(tmp_path / "l.db", budgets) as ledger:
+        ledger.charge([ALICE, ADULT], Cost(0.1, 1e-9), analyst="alice", statement="a1")
+        ledger.charge(["analyst:bob", ADULT], Cost(0.2), analyst="bob", statement="b1")
+        ledger.charge([ALICE], Cost(0.3), analyst="alice", statement="a2")
+        assert [h.statement for h in ledger.history()] == ["a2", "b1", "a1"]
+        assert [h.statement for h in ledger.history(ALICE)] == ["a2", "a1"]
+        assert [h.statement for h in ledger.history(ADULT, limit=1)] == ["b1"]
+        first = ledger.history(ALICE)[-1]
+        assert first.accounts == (ALICE, ADULT) and first.cost == Cost(0.1, 1e-9)
+        assert first.analyst == "alice" and abs(first.at - time.time()) < 60
+        assert [s.account for s in ledger.statuses()] == [ALICE, "analyst:bob", ADULT]
+        assert ledger.status(ADULT).spent == Cost(0.3, 1e-9)  # 0.1 + 0.2, exactly
+
+
+# -- concurrency ------------------------------------------------------------------------------
+
+N = 25
+RACE_BUDGET = Cost(2.5, 2.5e-6)  # fits exactly N charges of RACE_COST
+RACE_COST = Cost(0.1, 1e-7)
+
+
+def _race(tmp_path: Path, own_ledger: bool) -> None:
+    path = tmp_path / "race.db"
+    budgets = {ALICE: RACE_BUDGET, ADULT: Cost(100.0, 0.5)}
+    shared = Ledger(path, budgets)
+    barrier = threading.Barrier(8)
+    ok: list[int] = []
+    refused: list[int] = []
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            ledger = Ledger(path, budgets) if own_ledger else shared
+            barrier.wait()
+            for _ in range(8):
+                try:
+                    ledger.charge([ADULT, ALICE], RACE_COST, analyst="alice", statement="q")
+                    ok.append(1)
+                except BudgetExceeded:
+                    refused.append(1)
+            if own_ledger:
+                ledger.close()
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert (len(ok), len(refused)) == (N, 64 - N)
+    st = shared.status(ALICE)
+    assert st.spent == RACE_BUDGET and st.remaining == Cost(0.0, 0.0)
+    assert shared.status(ADULT).spent == Cost(2.5, 2.5e-6)
+    assert len(shared.history(ALICE, limit=1000)) == N
+    shared.close()
+
+
+def test_threads_with_their_own_ledgers_spend_exactly_the_budget(tmp_path: Path) -> None:
+    _race(tmp_path, own_ledger=True)
+
+
+def test_threads_sharing_one_ledger_spend_exactly_the_budget(tmp_path: Path) -> None:
+    _race(tmp_path, own_ledger=False)
+
+
+def test_concurrent_creation_of_a_fresh_file(tmp_path: Path) -> None:
+    path = tmp_path / "fresh.db"
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            barrier.wait()
+            Ledger(path, {ALICE: Cost(1.0)}).close()
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    with Ledger(path, {}) as ledger:
+        assert [e.action for e in ledger.admin_history()] == ["create"]  # created once
+
+
+_CHILD = """
+import os, sys, time
+sys.path.insert(0, {repo!r})
+from dpproxy.accountant import Cost, Ledger
+from dpproxy.errors import BudgetExceeded
+ledger = Ledger({path!r}, {{}})
+print("ready", flush=True)
+while not os.path.exists({go!r}):
+    time.sleep(0.005)
+ok = 0
+for _ in range(15):
+    try:
+        ledger.charge(["analyst:alice"], Cost(0.1, 1e-7), analyst="alice", statement="q")
+        ok += 1
+    except BudgetExceeded:
+        pass
+ledger.close()
+print(ok, flush=True)
+"""
+
+
+def test_processes_spend_exactly_the_budget(tmp_path: Path) -> None:
+    path, go = str(tmp_path / "race.db"), str(tmp_path / "go")
+    Ledger(path, {ALICE: RACE_BUDGET}).close()
+    code = _CHILD.format(repo=REPO, path=path, go=go)
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        Path(go).touch()
+        counts = [int(p.communicate(timeout=60)[0].strip()) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0, 0, 0]
+    assert sum(counts) == N
+    with Ledger(path, {}) as ledger:
+        assert ledger.status(ALICE).spent == RACE_BUDGET
+        assert len(ledger.history(limit=1000)) == N
+
+
+# -- durability -------------------------------------------------------------------------------
+
+_CRASH = """
+import sys, time
+sys.path.insert(0, {repo!r})
+from dpproxy.accountant import Cost, Ledger
+ledger = Ledger({path!r}, {{"analyst:alice": Cost(1.0, 1e-5)}})
+c = ledger.charge(["analyst:alice"], Cost(0.7, 1e-6), analyst="alice", statement="SELECT 1")
+print("CHARGED", c.charge_id, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs SIGKILL")
+def test_charge_survives_a_killed_process(tmp_path: Path) -> None:
+    path = str(tmp_path / "crash.db")
+    p = subprocess.Popen([sys.executable, "-c", _CRASH.format(repo=REPO, path=path)],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        marker, charge_id = p.stdout.readline().split()
+        assert marker == "CHARGED"
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
+    assert p.returncode == -signal.SIGKILL
+    with Ledger(path, {ALICE: Cost(1.0, 1e-5)}) as ledger:
+        assert ledger.status(ALICE).spent == Cost(0.7, 1e-6)
+        assert [c.charge_id for c in ledger.history(ALICE)] == [charge_id]
+        with pytest.raises(BudgetExceeded):
+            spend(ledger, Cost(0.31))
+
+
+def test_reopening_keeps_spent_and_ignores_changed_policy_budget(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    with Ledger(path, {ALICE: Cost(1.0)}) as ledger:
+        spend(ledger, Cost(0.6))
+    with Ledger(path, {ALICE: Cost(5.0, 1e-3), ADULT: Cost(2.0)}) as ledger:
+        st = ledger.status(ALICE)
+        assert (st.budget, st.spent) == (Cost(1.0), Cost(0.6))  # the ledger wins
+        assert ledger.status(ADULT).budget == Cost(2.0)  # new in the policy: created
+        with pytest.raises(BudgetExceeded):
+            spend(ledger, Cost(0.5))
+        events = ledger.admin_history()
+        assert [(e.account, e.action, e.by) for e in events] == [
+            (ADULT, "create", "policy"), (ALICE, "create", "policy")]
+
+
+def test_grant_and_set_budget_are_admin_events(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    with Ledger(path, {ALICE: Cost(1.0, 1e-6)}) as ledger:
+        for _ in range(10):
+            spend(ledger, Cost(0.1))
+        with pytest.raises(BudgetExceeded):
+            spend(ledger, Cost(0.1))
+        st = ledger.grant(ALICE, Cost(0.2, 1e-6), by="admin:root")
+        assert st.budget == Cost(1.2, 2e-6) and st.remaining == Cost(0.2, 2e-6)
+        spend(ledger, Cost(0.1))
+        st = ledger.set_budget(ALICE, Cost(0.5), by="admin:root")
+        assert st.budget == Cost(0.5) and st.spent == Cost(1.1)
+        assert st.remaining == Cost(0.0, 0.0)  # never negative
+        with pytest.raises(BudgetExceeded):
+            spend(ledger, Cost(0.0))  # spent already exceeds the lowered budget
+        st = ledger.set_budget(ALICE, Cost(3.0, 1e-5), by="admin:ops")
+        assert st.remaining == Cost(1.9, 1e-5)
+        events = ledger.admin_history(ALICE)
+        assert [(e.action, e.by, e.amount) for e in events] == [
+            ("set_budget", "admin:ops", Cost(3.0, 1e-5)),
+            ("set_budget", "admin:root", Cost(0.5)),
+            ("grant", "admin:root", Cost(0.2, 1e-6)),
+            ("create", "policy", Cost(1.0, 1e-6)),
+        ]
+    with sqlite3.connect(path) as db:  # stored as exact decimal text
+        rows = db.execute("SELECT action, epsilon, delta FROM admin_events ORDER BY event_id")
+        assert rows.fetchall() == [("create", "1.0", "0.000001"), ("grant", "0.2", "0.000001"),
+                                   ("set_budget", "0.5", "0.0"), ("set_budget", "3.0", "0.00001")]
+        row = db.execute("SELECT budget_epsilon, spent_epsilon FROM accounts").fetchone()
+        assert row == ("3.0", "1.1")
+    db.close()
+
+
+# -- schema -----------------------------------------------------------------------------------
+
+def test_schema_version_is_set_and_newer_files_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    Ledger(path, {ALICE: Cost(1.0)}).close()
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 1
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert {"accounts", "charges", "charge_accounts", "admin_events"} <= tables
+    db.execute("PRAGMA user_version = 2")
+    db.close()
+    with pytest.raises(OperationalError, match="schema version 2, newer than the 1"):
+        Ledger(path, {ALICE: Cost(1.0)})
+
+
+def test_foreign_sqlite_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE t (x)")
+    db.close()
+    with pytest.raises(OperationalError, match="not a dpproxy ledger"):
+        Ledger(path, {})
+
+
+# -- validation -------------------------------------------------------------------------------
+
+BAD_COSTS = [Cost(-0.1), Cost(float("nan")), Cost(float("inf")), Cost(0.1, 1.0),
+             Cost(0.1, -1e-9), Cost(0.1, float("nan")), Cost(True), Cost("0.1")]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", BAD_COSTS, ids=repr)
+def test_bad_costs_are_refused(tmp_path: Path, bad: Cost) -> None:
+    with pytest.raises(InvalidParameterValue) as exc:
+        Ledger(tmp_path / "a.db", {ALICE: bad})
+    assert exc.value.sqlstate == "22023"
+    with Ledger(tmp_path / "b.db", {ALICE: Cost(1.0)}) as ledger:
+        for call in (lambda: spend(ledger, bad), lambda: ledger.grant(ALICE, bad, by="root"),
+                     lambda: ledger.set_budget(ALICE, bad, by="root")):
+            with pytest.raises(InvalidParameterValue):
+                call()
+        assert ledger.status(ALICE).budget == Cost(1.0)
+        assert ledger.history() == [] and len(ledger.admin_history()) == 1
+
+
+def test_bad_arguments_are_refused(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "l.db", {ALICE: Cost(1.0, 0.5)}) as ledger:
+        for accounts in (ALICE, [], [""]):  # a bare string is a sequence of characters
+            with pytest.raises(InvalidParameterValue):
+                ledger.charge(accounts, Cost(0.1), analyst="alice", statement="q")
+        with pytest.raises(InvalidParameterValue):
+            ledger.charge([ALICE], Cost(0.1), analyst="", statement="q")
+        with pytest.raises(InvalidParameterValue):
+            ledger.history(limit=-1)
+        with pytest.raises(InvalidParameterValue, match="must stay < 1"):
+            ledger.grant(ALICE, Cost(0.0, 0.5), by="root")
+        assert ledger.status(ALICE).budget == Cost(1.0, 0.5)
+        assert ledger.history() == []
+
+
+def test_unknown_account_names_it_and_the_known_ones(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "l.db", {ALICE: Cost(1.0), ADULT: Cost(1.0)}) as ledger:
+        for call in (lambda: ledger.status("analyst:bob"),
+                     lambda: ledger.charge(["analyst:bob"], Cost(0.1), analyst="bob",
+                                           statement="q"),
+                     lambda: ledger.grant("analyst:bob", Cost(1.0), by="root"),
+                     lambda: ledger.set_budget("analyst:bob", Cost(1.0), by="root"),
+                     lambda: ledger.history("analyst:bob")):
+            with pytest.raises(UndefinedObject) as exc:
+                call()
+            assert exc.value.sqlstate == "42704"
+            assert "'analyst:bob'" in exc.value.message
+            assert "analyst:alice, table:adult" in exc.value.message
+        assert ledger.history() == [] and len(ledger.admin_history()) == 2
+
+
+def test_closed_ledger_refuses_use(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "l.db", {ALICE: Cost(1.0)}) as ledger:
+        pass
+    with pytest.raises(InterfaceError):
+        ledger.status(ALICE)
+    ledger.close()  # idempotent

@@ -239,7 +239,7 @@ class Ledger:
     def _write(self) -> Iterator[sqlite3.Connection]:
         """A write transaction: takes the file's write lock now, commits (fsync) on success."""
         with self._sql() as db:
-            db.execute("BEGIN")
+            db.execute("BEGIN IMMEDIATE")
             try:
                 yield db
                 db.execute("COMMIT")

@@ -61,6 +61,7 @@ class _TypeObject:
 
 STRING = _TypeObject("text")
 NUMBER = _TypeObject("int8", "float8", "numeric")
+BOOLEAN = _TypeObject("bool")
 DATETIME = _TypeObject("date", "timestamp")
 BINARY = _TypeObject("bytea")
 ROWID = _TypeObject("oid")
@@ -204,9 +205,10 @@ class Cursor:
     def description(self) -> tuple[tuple[Any, ...], ...] | None:
         if self._result is None or not self._result.columns:
             return None
-        rows = self._result.rows
-        return tuple((name, _type_code([r[i] for r in rows]), None, None, None, None, None)
-                     for i, name in enumerate(self._result.columns))
+        types = self._result.types or tuple(
+            _type_code([r[i] for r in self._result.rows]) for i in range(len(self._result.columns)))
+        return tuple((name, type_code, None, None, None, None, None)
+                     for name, type_code in zip(self._result.columns, types, strict=True))
 
     @property
     def rowcount(self) -> int:

@@ -60,6 +60,12 @@ class InvalidParameterValue(DataError):
     sqlstate = "22023"
 
 
+class InvalidTextRepresentation(DataError):
+    """A literal cannot be read as the type it is compared with ('abc' for a number)."""
+
+    sqlstate = "22P02"
+
+
 class OperationalError(DatabaseError):
     sqlstate = "58000"
 

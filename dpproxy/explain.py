@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .accountant import Cost
 from .plan import QueryPlan
+from .selection import effective_threshold
 
 
 def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -> list[str]:
@@ -20,12 +21,25 @@ def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -
     lines = [
         f"DP query on {analysis.table.name} ({unit})",
         f"Cost: ε={cost.epsilon:g}, δ={cost.delta:g} ({options.mechanism}, basic composition, "
-        f"split evenly over {len(plan.measurements)} statistic(s)); "
+        f"split evenly over {len(plan.measurements)} statistic(s)"
+        f"{' and partition selection' if plan.selection else ''}); "
         f"budget left before: ε={remaining.epsilon:.6g}, δ={remaining.delta:.3g}",
     ]
-    if analysis.keys:
-        keys = ", ".join(f"{k.name} ({len(k.values)} public values)" for k in analysis.keys)
+    if analysis.keys and plan.selection is None:
+        keys = ", ".join(f"{k.name} ({len(k.values or ())} public values)"
+                         for k in analysis.keys)
         lines.append(f"Groups: {keys}; {analysis.group_count} group(s) released, zeros included")
+    elif analysis.keys:
+        sel = plan.selection
+        keys = ", ".join(k.name if k.values is None else f"{k.name} (public)"
+                         for k in analysis.keys)
+        lines.append(
+            f"Groups: {keys}; partition selection releases a group when its noisy count of "
+            f"distinct units reaches {effective_threshold(sel)} ({sel.mechanism} thresholding, "
+            f"scale {sel.noise.scale:.6g}, ε={sel.epsilon:.6g}, δ={sel.delta:.3g}, "
+            f"≤ {sel.max_groups} group(s) per unit; textbook threshold "
+            f"{sel.textbook_threshold:.4g} for continuous noise"
+            f"{f'; floor min_units_per_group={sel.min_units}' if sel.min_units else ''})")
     else:
         lines.append("Groups: one (no GROUP BY)")
     for m in plan.measurements:

@@ -46,6 +46,7 @@ __all__ = [
     "sample_discrete_gaussian",
     "sample_discrete_laplace",
     "zcdp_delta",
+    "zcdp_epsilon",
     "zcdp_rho",
 ]
 
@@ -243,6 +244,44 @@ def zcdp_delta(rho: float, epsilon: float) -> float:
     log_delta = ((alpha - 1) * (alpha * rho - epsilon) + alpha * math.log1p(-1 / alpha)
                  - math.log(alpha - 1))
     return min(1.0, math.exp(log_delta))
+
+
+def zcdp_epsilon(rho: float, delta: float) -> float:
+    """The ε such that ρ-zCDP implies (ε, δ)-DP, by the same CKS20 conversion:
+
+    ε = inf over α > 1 of αρ + (ln(1/δ) + (α−1)·ln(1 − 1/α) − ln α) / (α − 1).
+
+    Every α gives a valid ε, so an inexact minimiser errs only on the safe side.
+
+    >>> round(zcdp_epsilon(100 * zcdp_rho(1.0, 45.31), 1e-6), 3)
+    1.0
+    >>> round(zcdp_epsilon(100 * zcdp_rho(1.0, 50.0), 1e-6), 2)
+    0.9
+    """
+    if not (math.isfinite(rho) and rho >= 0):
+        raise InvalidParameterValue(f"rho must be a finite number >= 0, got {rho!r}")
+    _require_delta(delta)
+    if rho == 0:
+        return 0.0
+    log_inv_delta = -math.log(delta)
+
+    def eps_at(log_excess: float) -> float:  # α = 1 + e^log_excess
+        alpha = 1 + math.exp(log_excess)
+        return alpha * rho + (log_inv_delta + (alpha - 1) * math.log1p(-1 / alpha)
+                              - math.log(alpha)) / (alpha - 1)
+
+    # the objective is unimodal in log(α − 1): coarse grid, then golden-section refinement
+    grid = [x / 4 for x in range(-80, 161)]
+    best = min(grid, key=eps_at)
+    lo, hi = best - 0.25, best + 0.25
+    ratio = (math.sqrt(5) - 1) / 2
+    for _ in range(80):
+        a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+        if eps_at(a) < eps_at(b):
+            hi = b
+        else:
+            lo = a
+    return min(eps_at(best), eps_at((lo + hi) / 2))
 
 
 def discrete_gaussian_sigma(l2_sensitivity: float, epsilon: float, delta: float) -> float:

@@ -59,17 +59,18 @@ def _tokens(sql: str) -> list[Token]:
         raise SyntaxError(f"syntax error: {exc}") from None
 
 
-def split_statements(sql: str) -> list[tuple[str, list[Token]]]:
-    """Statement texts with their tokens, split at top-level semicolons."""
+def split_statements(sql: str) -> list[tuple[str, list[Token], int]]:
+    """Statement texts with their tokens and offsets in `sql`, split at top-level
+    semicolons."""
     tokens = _tokens(sql)
-    pieces: list[tuple[str, list[Token]]] = []
+    pieces: list[tuple[str, list[Token], int]] = []
     current: list[Token] = []
     for token in [*tokens, None]:
         if token is None or token.token_type == TokenType.SEMICOLON:
             if current:
                 start, end = current[0].start, current[-1].end
                 text = sql[start:end + 1]
-                pieces.append((text, [_shift(t, start) for t in current]))
+                pieces.append((text, [_shift(t, start) for t in current], start))
             current = []
         else:
             current.append(token)
@@ -86,7 +87,15 @@ def parse_statements(sql: str, params: Parameters = None) -> list[Statement]:
     pieces = split_statements(sql)
     if not pieces:
         raise SyntaxError("empty query", hint="send one SELECT statement")
-    return [_classify(text, tokens, params) for text, tokens in pieces]
+    statements = []
+    for text, tokens, offset in pieces:
+        try:
+            statements.append(_classify(text, tokens, params))
+        except SyntaxError as exc:
+            if exc.position is not None:
+                exc.position += offset  # relative to the whole string, as PostgreSQL does
+            raise
+    return statements
 
 
 def _word(tokens: Sequence[Token], i: int) -> str:
@@ -176,8 +185,9 @@ def _parse_query(text: str, params: Parameters) -> exp.Expression:
         ast = sqlglot.parse_one(text, read=DIALECT)
     except ParseError as exc:
         first = exc.errors[0] if exc.errors else {}
-        position = _position(text, first.get("line"), first.get("col"))
         near = first.get("highlight") or ""
+        # sqlglot's column is the token's last character; PostgreSQL points at its first
+        position = _position(text, first.get("line"), first.get("col"), len(near))
         raise SyntaxError(f"syntax error at or near {near!r}" if near else "syntax error",
                           detail=first.get("description"), position=position) from None
     except TokenError as exc:
@@ -194,11 +204,12 @@ def _parse_query(text: str, params: Parameters) -> exp.Expression:
     return bind_parameters(ast, params)
 
 
-def _position(text: str, line: int | None, col: int | None) -> int | None:
+def _position(text: str, line: int | None, col: int | None, width: int) -> int | None:
+    """1-based offset of the first character of the token that ends at (line, col)."""
     if not line or not col:
         return None
     lines = text.split("\n")
-    return sum(len(x) + 1 for x in lines[:line - 1]) + col
+    return sum(len(x) + 1 for x in lines[:line - 1]) + max(col - max(width, 1) + 1, 1)
 
 
 def bind_parameters(ast: exp.Expression, params: Parameters) -> exp.Expression:

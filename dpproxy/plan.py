@@ -26,6 +26,7 @@ from .analyze import Analysis
 from .analyze.aggregates import Statistic
 from .errors import InvalidParameterValue
 from .mechanisms import Mechanism, NoiseSpec, calibrate, half_width
+from .selection import SelectionSpec, plan_selection
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class QueryOptions:
     delta: float
     mechanism: Mechanism
     confidence: float = 0.95
+    min_units_per_group: int = 0  # extra floor for partition selection
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.epsilon) and self.epsilon > 0):
@@ -48,6 +50,11 @@ class QueryOptions:
         if not 0 < self.confidence < 1:
             raise InvalidParameterValue(
                 f"confidence must be between 0 and 1, got {self.confidence}")
+        if self.min_units_per_group < 0 or self.min_units_per_group != int(
+                self.min_units_per_group):
+            raise InvalidParameterValue(
+                f"min_units_per_group must be a non-negative integer, got "
+                f"{self.min_units_per_group}")
 
 
 @dataclass(frozen=True)
@@ -76,13 +83,18 @@ class QueryPlan:
     contribution: ContributionBound
     options: QueryOptions
     measurements: tuple[Measurement, ...]
+    selection: SelectionSpec | None = None  # partition selection, for private group keys
+
+    @property
+    def reads_data(self) -> bool:
+        return bool(self.measurements) or self.selection is not None
 
     @property
     def cost(self) -> Cost:
-        if not self.measurements:
+        if not self.reads_data:
             return Cost(0.0, 0.0)
-        delta = self.options.delta if self.options.mechanism == "gaussian" else 0.0
-        return Cost(self.options.epsilon, delta)
+        uses_delta = self.options.mechanism == "gaussian" or self.selection is not None
+        return Cost(self.options.epsilon, self.options.delta if uses_delta else 0.0)
 
 
 def contribution_bound(analysis: Analysis) -> ContributionBound:
@@ -90,7 +102,12 @@ def contribution_bound(analysis: Analysis) -> ContributionBound:
     if table.privacy_unit is None:
         return ContributionBound(None, 1, 1)
     # A unit cannot touch more groups than exist; with public keys that number is known.
-    groups = min(table.max_groups_per_unit, analysis.group_count) if analysis.keys else 1
+    if not analysis.keys:
+        groups = 1
+    elif analysis.group_count is not None:
+        groups = min(table.max_groups_per_unit, analysis.group_count)
+    else:
+        groups = table.max_groups_per_unit
     return ContributionBound(table.privacy_unit, groups, table.max_rows_per_unit)
 
 
@@ -103,14 +120,16 @@ def statistic_sensitivity(statistic: Statistic, bound: ContributionBound, mechan
 
 
 def plan_query(analysis: Analysis, options: QueryOptions) -> QueryPlan:
-    """Split the query's budget evenly over its statistics and calibrate each one's noise."""
+    """Split the query's budget evenly over its statistics (and partition selection, when
+    group keys are private) and calibrate each one's noise."""
     bound = contribution_bound(analysis)
-    count = len(analysis.statistics)
+    selecting = not analysis.public_groups
+    shares = len(analysis.statistics) + (1 if selecting else 0)
     measurements = []
     for index, statistic in enumerate(analysis.statistics):
         sensitivity = statistic_sensitivity(statistic, bound, options.mechanism)
-        epsilon = options.epsilon / count
-        delta = options.delta / count if options.mechanism == "gaussian" else 0.0
+        epsilon = options.epsilon / shares
+        delta = options.delta / shares if options.mechanism == "gaussian" else 0.0
         if sensitivity == 0:
             # A sum of a constant zero: nothing about any unit is in it. Noise it anyway at
             # the smallest grid so every output is produced the same way.
@@ -120,4 +139,10 @@ def plan_query(analysis: Analysis, options: QueryOptions) -> QueryPlan:
                           changed_outputs=bound.max_groups)
         measurements.append(Measurement(f"m{index}", statistic, sensitivity, noise,
                                         half_width(noise, options.confidence)))
-    return QueryPlan(analysis, bound, options, tuple(measurements))
+    selection = None
+    if selecting:
+        # Under Laplace noise all of δ goes to selection; under Gaussian, one share.
+        delta = options.delta / shares if options.mechanism == "gaussian" else options.delta
+        selection = plan_selection(options.epsilon / shares, delta, bound.max_groups,
+                                   int(options.min_units_per_group))
+    return QueryPlan(analysis, bound, options, tuple(measurements), selection)

@@ -81,6 +81,23 @@ class PrivacyDefaults:
     mechanism: MechanismName = "laplace"
     accounting: str = "basic"
     confidence: float = 0.95
+    min_units_per_group: int = 0  # extra floor for partition selection
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """The `[server]` section: how `dpproxy serve` listens and its limits (0: no limit)."""
+
+    host: str = "127.0.0.1"
+    port: int = 6432
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    require_tls: bool = False
+    trust_loopback: bool = False  # connections from 127.0.0.1/::1 skip the password
+    max_connections: int = 100
+    statement_timeout_s: float = 300.0
+    idle_timeout_s: float = 3600.0
+    max_result_rows: int = 100_000
 
 
 @dataclass(frozen=True)
@@ -93,6 +110,7 @@ class Policy:
     analysts: Mapping[str, AnalystPolicy]
     ledger_path: Path
     audit_log_path: Path
+    server: ServerSettings = ServerSettings()
 
     def analyst(self, name: str) -> AnalystPolicy:
         try:
@@ -261,6 +279,36 @@ def _analyst(top: _Checker, name: str, spec: Any, tables: Mapping[str, TablePoli
     return AnalystPolicy(name, role, tuple(granted), budget, scram)  # type: ignore[arg-type]
 
 
+def _server(top: _Checker, base: Path) -> ServerSettings:
+    s = top.sub("server", {"host", "port", "tls_cert", "tls_key", "require_tls",
+                           "trust_loopback", "max_connections", "statement_timeout_s",
+                           "idle_timeout_s", "max_result_rows"})
+    if s is None:
+        return ServerSettings()
+    port = s.get("port", int, 6432)
+    if not 0 <= port <= 65535:
+        s.fail("port", f"must be between 0 and 65535, got {port}")
+    cert, key = s.get("tls_cert", str), s.get("tls_key", str)
+    if (cert is None) != (key is None):
+        s.fail("tls_key" if key is None else "tls_cert", "give both tls_cert and tls_key, "
+               "or neither")
+    limits = {}
+    for name, default in (("max_connections", 100), ("max_result_rows", 100_000)):
+        limits[name] = s.get(name, int, default)
+        if limits[name] < 1:
+            s.fail(name, f"must be a positive integer, got {limits[name]}")
+    return ServerSettings(
+        host=s.get("host", str, "127.0.0.1"), port=port,
+        tls_cert=(base / cert).resolve() if cert else None,
+        tls_key=(base / key).resolve() if key else None,
+        require_tls=s.get("require_tls", bool, False),
+        trust_loopback=s.get("trust_loopback", bool, False),
+        max_connections=limits["max_connections"],
+        statement_timeout_s=s.number("statement_timeout_s", 300.0, low=0.0) or 0.0,
+        idle_timeout_s=s.number("idle_timeout_s", 3600.0, low=0.0) or 0.0,
+        max_result_rows=limits["max_result_rows"])
+
+
 def load_policy(path: str | Path) -> Policy:
     """Load and validate a policy file."""
     file = Path(path)
@@ -277,7 +325,7 @@ def parse_policy(raw: Mapping[str, Any], file: Path) -> Policy:
     """Validate an already-decoded policy; `file` anchors relative paths and messages."""
     base = file.resolve().parent
     top = _Checker(file, "", raw, {"database", "backend", "privacy", "tables", "analysts",
-                                   "ledger", "audit"})
+                                   "ledger", "audit", "server"})
     database = top.get("database", str, file.stem)
 
     be = top.sub("backend", {"kind", "path", "dsn", "demo_seed"}, required=True)
@@ -293,7 +341,7 @@ def parse_policy(raw: Mapping[str, Any], file: Path) -> Policy:
                             be.get("demo_seed", int))
 
     pr = top.sub("privacy", {"default_epsilon", "default_delta", "mechanism", "accounting",
-                             "confidence"})
+                             "confidence", "min_units_per_group"})
     privacy = PrivacyDefaults()
     if pr is not None:
         privacy = PrivacyDefaults(
@@ -304,7 +352,10 @@ def parse_policy(raw: Mapping[str, Any], file: Path) -> Policy:
             accounting=pr.choice("accounting", ACCOUNTING, "basic"),
             confidence=pr.number("confidence", 0.95, low=0.0, high=1.0, low_open=True,
                                  high_open=True) or 0.95,
+            min_units_per_group=pr.get("min_units_per_group", int, 0),
         )
+        if privacy.min_units_per_group < 0:
+            pr.fail("min_units_per_group", "must be a non-negative integer")
 
     tables_raw = top.get("tables", dict, {})
     tables = {name: _table(_Checker(file, "tables", tables_raw, set(tables_raw)), name, spec)
@@ -321,4 +372,5 @@ def parse_policy(raw: Mapping[str, Any], file: Path) -> Policy:
     audit = top.sub("audit", {"path"})
     audit_path = (base / (audit.get("path", str, f"{file.stem}.audit.jsonl")
                           if audit else f"{file.stem}.audit.jsonl")).resolve()
-    return Policy(file, database, backend, privacy, tables, analysts, ledger_path, audit_path)
+    return Policy(file, database, backend, privacy, tables, analysts, ledger_path, audit_path,
+                  _server(top, base))

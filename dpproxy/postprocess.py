@@ -310,3 +310,62 @@ _HANDLERS: dict[type[exp.Expression], Callable[[Any, Env], Value]] = {
     exp.Greatest: _greatest,
     exp.Cast: _cast,
 }
+
+
+# PostgreSQL type names of released values, for RowDescription and DB-API descriptions.
+_CAST_TYPES = {
+    exp.DataType.Type.TINYINT: "int8", exp.DataType.Type.SMALLINT: "int8",
+    exp.DataType.Type.INT: "int8", exp.DataType.Type.BIGINT: "int8",
+    exp.DataType.Type.FLOAT: "float8", exp.DataType.Type.DOUBLE: "float8",
+    exp.DataType.Type.DECIMAL: "float8", exp.DataType.Type.TEXT: "text",
+    exp.DataType.Type.VARCHAR: "text", exp.DataType.Type.CHAR: "text",
+    exp.DataType.Type.BOOLEAN: "bool",
+}
+_BOOL_NODES = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.And, exp.Or, exp.Not,
+               exp.Is)
+
+
+def infer_type(node: exp.Expression, aggregate_types: Mapping[str, str],
+               key_types: Mapping[str, str]) -> str:
+    """The PostgreSQL type name of a checked output expression's values."""
+    def infer(n: exp.Expression) -> str:
+        if isinstance(n, AggregateRef):
+            return aggregate_types[n.this]
+        if isinstance(n, exp.Column):
+            return key_types[n.name]
+        if isinstance(n, exp.Literal):
+            if n.is_string:
+                return "text"
+            return "int8" if n.this.lstrip("-").isdigit() else "float8"
+        if isinstance(n, exp.Null):
+            return "text"
+        if isinstance(n, (exp.Boolean, *_BOOL_NODES)):
+            return "bool"
+        if isinstance(n, exp.Cast):
+            return _CAST_TYPES.get(n.to.this, "text")
+        if isinstance(n, exp.Add | exp.Sub | exp.Mul | exp.Div | exp.Mod):
+            both = {infer(n.this), infer(n.expression)}
+            return "int8" if both == {"int8"} else "float8"
+        if isinstance(n, exp.Sqrt | exp.Pow):
+            return "float8"
+        if isinstance(n, exp.Round) and n.args.get("decimals") is not None:
+            return "float8"
+        if isinstance(n, exp.Case):
+            branches = [b.args["true"] for b in n.args.get("ifs", [])]
+            branches += [n.args["default"]] if n.args.get("default") is not None else []
+            return _first_known([infer(b) for b in branches])
+        if isinstance(n, exp.If):
+            return infer(n.args["true"])
+        if isinstance(n, exp.Coalesce | exp.Least | exp.Greatest):
+            return _first_known([infer(a) for a in (n.this, *n.expressions)])
+        if n.this is not None and isinstance(n.this, exp.Expression):
+            return infer(n.this)  # Paren, Neg, Abs, Floor, Ceil, Round, Nullif
+        return "text"
+    return infer(node)
+
+
+def _first_known(types: list[str]) -> str:
+    known = [t for t in types if t != "text"] or types or ["text"]
+    if set(known) <= {"int8", "float8"} and "float8" in known:
+        return "float8"
+    return known[0]

@@ -20,6 +20,7 @@ from .analyze.aggregates import combine, interval
 from .mechanisms import half_width, release_many
 from .plan import QueryPlan
 from .postprocess import Value, evaluate
+from .selection import SelectionSpec, effective_threshold
 
 Interval = tuple[float, float]
 
@@ -76,8 +77,11 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
     """Noisy rows for the plan's outputs from the backend's exact per-group rows."""
     analysis = plan.analysis
     confidence = plan.options.confidence
-    groups = [tuple(g) for g in itertools.product(*(k.values for k in analysis.keys))]
     exact = _exact_by_group(analysis, rows, len(analysis.keys))
+    if plan.selection is None:
+        groups = [tuple(g) for g in itertools.product(*(k.values or () for k in analysis.keys))]
+    else:
+        groups = _select_groups(plan.selection, exact)
     zeros = tuple(0.0 for _ in plan.measurements)
 
     # One vector per measurement over all groups: the noise spec covers the whole vector.
@@ -125,6 +129,26 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
                            for o in analysis.outputs) for i in selected]
     return Released(tuple(o.name for o in analysis.outputs), out_rows,
                     tuple(_accuracy(o, plan) for o in analysis.outputs), out_intervals)
+
+
+def _select_groups(selection: SelectionSpec, exact: dict[tuple[object, ...], tuple[float, ...]]
+                   ) -> list[tuple[object, ...]]:
+    """Groups whose noisy count of distinct units reaches the threshold, in key order.
+
+    The unit count is the last column of the backend's row. Sorting by key keeps the
+    backend's (data-dependent) row order out of the answer.
+    """
+    candidates = list(exact)
+    counts = [_finite(exact[g][-1]) for g in candidates]
+    noisy = release_many(counts, selection.noise)
+    threshold = effective_threshold(selection)
+    kept = [g for g, n in zip(candidates, noisy, strict=True) if n >= threshold]
+    return sorted(kept, key=_key_order)
+
+
+def _key_order(group: tuple[object, ...]) -> tuple[tuple[bool, str, object], ...]:
+    # NULL keys last; values of one column share a type, so they compare among themselves
+    return tuple((v is None, type(v).__name__, v if v is not None else 0) for v in group)
 
 
 def _finite(value: float) -> float:

@@ -16,7 +16,7 @@ never a raw row. Three transformations make it safe to run:
 >>> from sqlglot import parse_one
 >>> t = TablePolicy("t", {"a": ColumnPolicy("a", "int", 0, 10), "b": ColumnPolicy("b", "int")})
 >>> make_total(parse_one("a / b > 1", read="postgres"), t).sql("duckdb")
-'TRUNC(CAST(a AS DOUBLE) / NULLIF(CAST(b AS DOUBLE), 0)) > 1'
+'TRUNC(CAST("a" AS DOUBLE) / NULLIF(CAST("b" AS DOUBLE), 0)) > 1'
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ UNIT = "__unit"
 ROW_RANK = "__row_rank"
 GROUP_RANK = "__group_rank"
 RANDOM = "__random"
+SELECTION = "units_for_selection"
 _DOUBLE = exp.DataType.build("DOUBLE")
+_BIGINT = exp.DataType.build("BIGINT")
 
 
 @dataclass(frozen=True)
@@ -61,11 +63,17 @@ def make_total(node: exp.Expression, table: TablePolicy) -> exp.Expression:
     """A copy of a row expression that cannot raise on any data: DOUBLE, NULLIF, TRY_CAST."""
     resolve = make_resolver(table.name, None, table.columns)
     # Types are read off the original tree, before any node is replaced.
+    def integer(n: exp.Expression) -> bool:
+        return type_row_expression(n, _lenient(resolve)).integer
+
     integer_division = {
-        id(div): bool(div.args.get("typed"))
-        and type_row_expression(div.this, _lenient(resolve)).integer
-        and type_row_expression(div.expression, _lenient(resolve)).integer
+        id(div): bool(div.args.get("typed")) and integer(div.this) and integer(div.expression)
         for div in node.find_all(exp.Div)
+    }
+    # Integers are computed in DOUBLE; as text they must still read '39', not '39.0'.
+    integer_to_text = {
+        id(cast): integer(cast.this) for cast in node.find_all(exp.Cast, exp.TryCast)
+        if cast.to.is_type(*exp.DataType.TEXT_TYPES)
     }
     root = node.copy()
     original = list(node.dfs())
@@ -73,7 +81,8 @@ def make_total(node: exp.Expression, table: TablePolicy) -> exp.Expression:
     # Children come before their parents in reversed pre-order, so each node is rebuilt
     # over already-total children.
     for old, new in zip(reversed(original), reversed(copied), strict=True):
-        replacement = _total_node(new, table, integer_division.get(id(old), False))
+        replacement = _total_node(new, table, integer_division.get(id(old), False)
+                                  or integer_to_text.get(id(old), False))
         if replacement is not new:
             if new is root:
                 root = replacement
@@ -89,8 +98,10 @@ def _lenient(resolve):  # type: ignore[no-untyped-def]
     return lookup
 
 
-def _total_node(node: exp.Expression, table: TablePolicy, integer_division: bool
+def _total_node(node: exp.Expression, table: TablePolicy, integer_valued: bool
                 ) -> exp.Expression:
+    """One node made total; `integer_valued`: an integer division, or a cast of an
+    integer to text."""
     if isinstance(node, exp.Column):
         column = table.columns.get(node.name) or next(
             c for n, c in table.columns.items() if n.lower() == node.name.lower())
@@ -99,12 +110,19 @@ def _total_node(node: exp.Expression, table: TablePolicy, integer_division: bool
     if isinstance(node, exp.Div):
         quotient = exp.Div(this=node.this, expression=_nonzero(node.expression), typed=False,
                            safe=False)
-        return exp.func("TRUNC", quotient) if integer_division else quotient
+        return exp.func("TRUNC", quotient) if integer_valued else quotient
     if isinstance(node, exp.Mod):
         return exp.Mod(this=node.this, expression=_nonzero(node.expression))
     if isinstance(node, exp.Cast | exp.TryCast):
-        safe = exp.TryCast(this=node.this, to=node.to)
+        source = exp.TryCast(this=node.this, to=_BIGINT.copy()) if integer_valued else node.this
+        safe = exp.TryCast(this=source, to=node.to)
         return exp.cast(safe, _DOUBLE) if _is_numeric_type(node.to) else safe
+    if isinstance(node, exp.Substring):
+        # positions are integers for the backend; out-of-range ones become NULL
+        for arg in ("start", "length"):
+            if node.args.get(arg) is not None:
+                node.set(arg, exp.TryCast(this=node.args[arg], to=_BIGINT.copy()))
+        return node
     if isinstance(node, exp.Extract | exp.Length):
         return exp.cast(node, _DOUBLE)  # integer-valued; DOUBLE keeps later arithmetic total
     return node
@@ -125,6 +143,9 @@ def _clamped(statistic: Statistic, table: TablePolicy) -> exp.Expression:
         this=exp.Greatest(this=exp.cast(value.copy(), _DOUBLE),
                           expressions=[exp.Literal.number(statistic.lower)], ignore_nulls=True),
         expressions=[exp.Literal.number(statistic.upper)], ignore_nulls=True)
+    if statistic.integer_valued:
+        # the noise is calibrated for whole numbers: make sure every summed value is one
+        clamp = exp.func("ROUND", clamp)
     centred: exp.Expression = clamp
     if statistic.center:
         centred = exp.Sub(this=clamp, expression=exp.Literal.number(statistic.center))
@@ -171,9 +192,10 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
         column = exp.column(key.column.name, quoted=True)
         inner_items.append(exp.alias_(column.copy(), name))
         key_refs.append(exp.column(name))
-        # keys outside the public list are dropped before bounding, so they use no slot
-        filters.append(exp.In(this=column.copy(),
-                              expressions=[_key_literal(v, key.column) for v in key.values]))
+        if key.values is not None:
+            # keys outside the public list are dropped before bounding, so they use no slot
+            filters.append(exp.In(this=column.copy(),
+                                  expressions=[_key_literal(v, key.column) for v in key.values]))
 
     value_names: list[str | None] = []
     for index, measurement in enumerate(plan.measurements):
@@ -235,14 +257,19 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
             agg: exp.Expression = exp.Coalesce(
                 this=exp.Sum(this=exp.column(value_name)),
                 expressions=[exp.Literal.number(0)])
-        elif statistic.kind == "count_units":
+        elif statistic.kind == "count_units" and unit is not None:
             agg = exp.Count(this=exp.Distinct(expressions=[exp.column(UNIT)]))
         elif value_name is not None:
             agg = exp.Count(this=exp.column(value_name))
         else:
             agg = exp.Count(this=exp.Star())
         outer_items.append(exp.alias_(agg, measurement.column))
-    if not plan.measurements:
+    if plan.selection is not None:
+        # each group's count of distinct units, for partition selection
+        units = exp.Count(this=exp.Distinct(expressions=[exp.column(UNIT)])) \
+            if unit is not None else exp.Count(this=exp.Star())
+        outer_items.append(exp.alias_(units, SELECTION))
+    if not plan.reads_data:
         raise ValueError("a plan without measurements reads no data: do not run it")
     outer = exp.select(*outer_items, copy=False).from_(source, copy=False)
     if bounded_filter:

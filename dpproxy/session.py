@@ -26,8 +26,19 @@ from .release import ColumnAccuracy, Interval, Released, release
 from .rewrite import Rewritten, rewrite
 
 OPTION_PREFIX = "dpproxy."
-OPTIONS = ("epsilon", "delta", "mechanism", "confidence")
+OPTIONS = ("epsilon", "delta", "mechanism", "confidence", "min_units_per_group")
 REWRITE_CACHE_SIZE = 1024
+BUDGET_COLUMNS = ("account", "epsilon_budget", "epsilon_spent", "epsilon_remaining",
+                  "delta_budget", "delta_spent", "delta_remaining")
+BUDGET_TYPES = ("text",) + ("float8",) * 6
+
+
+@dataclass(frozen=True)
+class Description:
+    """The shape of a statement's result, known without running it."""
+
+    columns: tuple[str, ...]
+    types: tuple[str, ...]
 
 
 @dataclass
@@ -37,6 +48,7 @@ class Result:
     columns: tuple[str, ...] = ()
     rows: list[tuple[Any, ...]] = field(default_factory=list)
     tag: str = "SELECT 0"  # PostgreSQL command tag
+    types: tuple[str, ...] = ()  # PostgreSQL type name per column: int8 float8 text date bool
     accuracy: tuple[ColumnAccuracy | None, ...] = ()
     intervals: list[tuple[Interval | None, ...]] = field(default_factory=list)
     cost: Cost | None = None  # charged by this statement (None: nothing charged)
@@ -112,7 +124,8 @@ class Session:
         self.analyst = analyst
         defaults = engine.policy.privacy
         self._defaults = QueryOptions(defaults.default_epsilon, defaults.default_delta,
-                                      defaults.mechanism, defaults.confidence)
+                                      defaults.mechanism, defaults.confidence,
+                                      defaults.min_units_per_group)
         self.options = self._defaults
         for name, value in options.items():
             self.set_option(name, value)
@@ -120,7 +133,7 @@ class Session:
 
     # options --------------------------------------------------------------------------------
     def set_option(self, name: str, value: Any) -> None:
-        """Set dpproxy.<name> (epsilon, delta, mechanism, confidence) for later queries."""
+        """Set dpproxy.<name> (see OPTIONS) for later queries."""
         key = name.lower().removeprefix(OPTION_PREFIX)
         if key not in OPTIONS:
             raise errors.UndefinedObject(f"unrecognized configuration parameter "
@@ -135,6 +148,11 @@ class Session:
             raise errors.InvalidParameterValue(
                 f"invalid value for {OPTION_PREFIX}mechanism: {value!r}",
                 hint="use 'laplace' or 'gaussian'")
+        if key == "min_units_per_group":
+            if typed != int(typed):
+                raise errors.InvalidParameterValue(
+                    f"{OPTION_PREFIX}min_units_per_group must be a whole number, got {value!r}")
+            typed = int(typed)
         self.options = replace(self.options, **{key: typed})
 
     def show_option(self, key: str) -> str:
@@ -159,13 +177,36 @@ class Session:
             result = self._execute_one(statement)
         return result
 
+    def describe(self, sql: str, params: Parameters = None) -> Description:
+        """Columns and types the last statement of `sql` would return; runs and charges
+        nothing. Raises the same rejection `execute` would for a query."""
+        statement = parse_statements(sql, params)[-1]
+        if statement.kind == "explain":
+            return Description(("QUERY PLAN",), ("text",))
+        if statement.kind == "select":
+            planned = self._plan(statement)
+            analysis = planned if isinstance(planned, ConstantQuery) else planned.analysis
+            return Description(tuple(o.name for o in analysis.outputs), analysis.output_types)
+        if statement.kind == "show":
+            name = statement.name or ""
+            if name == f"{OPTION_PREFIX}budget":
+                return Description(BUDGET_COLUMNS, BUDGET_TYPES)
+            if name == "all":
+                return Description(("name", "setting"), ("text", "text"))
+            return Description((name,), ("text",))
+        if statement.kind == "noop" and statement.ast is not None:
+            return Description(("pg_advisory_unlock_all",), ("text",))
+        return Description((), ())
+
     def _execute_one(self, statement: Statement) -> Result:
         try:
             if statement.kind == "select":
                 return self._query(statement)
             if statement.kind == "explain":
                 return self._explain(statement)
-            return self._session_statement(statement)
+            result = self._session_statement(statement)
+            self._audit(statement.text, "answered", rows=len(result.rows))
+            return result
         except errors.Error as exc:
             outcome = "failed" if isinstance(exc, errors.BackendError) else "rejected"
             self._audit(statement.text, outcome, exc)
@@ -198,11 +239,12 @@ class Session:
             row = tuple(evaluate(o.expression, {}, {}) for o in planned.outputs)
             self._audit(planned.statement, "answered", rows=1)
             return Result(tuple(o.name for o in planned.outputs), [row], "SELECT 1",
-                          accuracy=tuple(None for _ in row), intervals=[tuple(None for _ in row)])
+                          planned.output_types, accuracy=tuple(None for _ in row),
+                          intervals=[tuple(None for _ in row)])
         plan = planned
         analysis = plan.analysis
         charge_id = None
-        if plan.measurements:
+        if plan.reads_data:
             rewritten = self.engine.rewritten(plan)
             # Charge first, durably: a failure after this point may depend on the data,
             # so it is paid for like a release.
@@ -230,8 +272,8 @@ class Session:
         notices = [a.describe() for a in released.accuracy if a is not None]
         notices.append(f"budget left: ε={remaining.epsilon:.6g}, δ={remaining.delta:.3g}")
         return Result(released.columns, released.rows, f"SELECT {len(released.rows)}",
-                      released.accuracy, released.intervals,
-                      plan.cost if plan.measurements else None, remaining, notices)
+                      plan.analysis.output_types, released.accuracy, released.intervals,
+                      plan.cost if plan.reads_data else None, remaining, notices)
 
     def remaining(self) -> Cost:
         return self.budget_status().remaining
@@ -246,10 +288,10 @@ class Session:
         else:
             from .explain import explain_lines
 
-            sql = self.engine.rewritten(planned).sql if planned.measurements else None
+            sql = self.engine.rewritten(planned).sql if planned.reads_data else None
             lines = explain_lines(planned, sql, self.remaining())
         self._audit(statement.text, "answered", rows=len(lines))
-        return Result(("QUERY PLAN",), [(line,) for line in lines], "EXPLAIN")
+        return Result(("QUERY PLAN",), [(line,) for line in lines], "EXPLAIN", ("text",))
 
     def _session_statement(self, statement: Statement) -> Result:
         if statement.kind == "set":
@@ -273,7 +315,7 @@ class Session:
             return self._show(statement.name or "")
         if statement.kind == "noop" and statement.ast is not None:
             # SELECT pg_advisory_unlock_all(), sent by connection pools
-            return Result(("pg_advisory_unlock_all",), [(None,)], "SELECT 1")
+            return Result(("pg_advisory_unlock_all",), [(None,)], "SELECT 1", ("text",))
         return Result(tag=statement.tag)
 
     def _show(self, name: str) -> Result:
@@ -285,18 +327,16 @@ class Session:
                 s = self.engine.ledger.status(account)
                 rows.append((account, s.budget.epsilon, s.spent.epsilon, s.remaining.epsilon,
                              s.budget.delta, s.spent.delta, s.remaining.delta))
-            return Result(("account", "epsilon_budget", "epsilon_spent", "epsilon_remaining",
-                           "delta_budget", "delta_spent", "delta_remaining"), rows,
-                          f"SELECT {len(rows)}")
+            return Result(BUDGET_COLUMNS, rows, f"SELECT {len(rows)}", BUDGET_TYPES)
         if name.startswith(OPTION_PREFIX) and name.removeprefix(OPTION_PREFIX) in OPTIONS:
             return Result((name,), [(self.show_option(name.removeprefix(OPTION_PREFIX)),)],
-                          "SHOW")
+                          "SHOW", ("text",))
         if name == "all":
             rows = [(f"{OPTION_PREFIX}{k}", self.show_option(k)) for k in OPTIONS]
             rows += sorted(self.client_settings.items())
-            return Result(("name", "setting"), rows, "SHOW")
+            return Result(("name", "setting"), rows, "SHOW", ("text", "text"))
         if name in self.client_settings:
-            return Result((name,), [(self.client_settings[name],)], "SHOW")
+            return Result((name,), [(self.client_settings[name],)], "SHOW", ("text",))
         raise errors.UndefinedObject(f"unrecognized configuration parameter \"{name}\"",
                                      hint=f"dpproxy options: "
                                           f"{', '.join(OPTION_PREFIX + k for k in OPTIONS)}, "

@@ -148,7 +148,7 @@ def _race(tmp_path: Path, own_ledger: bool) -> None:
     def worker() -> None:
         try:
             ledger = Ledger(path, budgets) if own_ledger else shared
-            barrier.wait()
+            barrier.wait(timeout=30)
             for _ in range(8):
                 try:
                     ledger.charge([ADULT, ALICE], RACE_COST, analyst="alice", statement="q")
@@ -159,12 +159,13 @@ def _race(tmp_path: Path, own_ledger: bool) -> None:
                 ledger.close()
         except BaseException as e:
             errors.append(e)
+            barrier.abort()  # a thread that fails early must not leave the others waiting
 
     threads = [threading.Thread(target=worker) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(timeout=60)
     assert errors == []
     assert (len(ok), len(refused)) == (N, 64 - N)
     st = shared.status(ALICE)
@@ -189,16 +190,17 @@ def test_concurrent_creation_of_a_fresh_file(tmp_path: Path) -> None:
 
     def worker() -> None:
         try:
-            barrier.wait()
+            barrier.wait(timeout=30)
             Ledger(path, {ALICE: Cost(1.0)}).close()
         except BaseException as e:
             errors.append(e)
+            barrier.abort()  # a thread that fails early must not leave the others waiting
 
     threads = [threading.Thread(target=worker) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(timeout=60)
     assert errors == []
     with Ledger(path, {}) as ledger:
         assert [e.action for e in ledger.admin_history()] == ["create"]  # created once
@@ -342,6 +344,16 @@ def test_schema_version_is_set_and_newer_files_are_refused(tmp_path: Path) -> No
     db.close()
     with pytest.raises(OperationalError, match="schema version 2, newer than the 1"):
         Ledger(path, {ALICE: Cost(1.0)})
+
+
+def test_connection_settings_make_commits_durable(tmp_path: Path) -> None:
+    # synchronous is per connection, so look at the ledger's own (a crash test cannot see it)
+    with Ledger(tmp_path / "l.db", {}) as ledger:
+        db = ledger._db
+        assert db is not None
+        assert db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert db.execute("PRAGMA busy_timeout").fetchone()[0] >= 1000
 
 
 def test_foreign_sqlite_file_is_refused(tmp_path: Path) -> None:

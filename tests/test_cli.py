@@ -85,7 +85,7 @@ def test_policy_check_ok_and_broken(tmp_path: Path) -> None:
     assert ok.returncode == 0 and "OK" in ok.stdout
     broken = tmp_path / "broken.toml"
     broken.write_text((ROOT / "policies" / "demo.toml").read_text().replace(
-        'age = { type = "int", lower = 17, upper = 90', 'age = { type = "int", lower = 17, uper = 90'))
+        "lower = 17, upper = 90", "lower = 17, uper = 90"))
     run = dpproxy("policy", "check", broken)
     assert run.returncode == 1
     assert "broken.toml" in run.stderr and "tables.adult.columns.age.uper" in run.stderr

@@ -5,7 +5,8 @@ The passes run in this order, each small and named after what it checks:
 1. `_check_shape`      only SELECT … FROM one table [WHERE] [GROUP BY] [HAVING] [ORDER BY] [LIMIT]
 2. `_resolve_table`    the table exists, is granted, and is private (public tables: later)
 3. `_check_where`      the row predicate is an allowlisted, deterministic boolean expression
-4. `_resolve_keys`     GROUP BY keys are columns with public values (never the privacy unit)
+4. `_resolve_keys`     GROUP BY keys are columns, never the privacy unit (keys without public
+                       values go through partition selection)
 5. `_collect_aggregates` every aggregate is in the rule table and its argument is bounded
 6. `_resolve_outputs`  outputs, HAVING and ORDER BY only post-process aggregates and keys
 
@@ -31,11 +32,18 @@ from ..policy import AnalystPolicy, ColumnPolicy, Policy, TablePolicy
 from ..postprocess import (
     OUTPUT_FUNCTIONS_HELP,
     check_output_expression,
+    infer_type,
     output_name,
     refer_to_aggregates,
 )
 from .aggregates import RULES, SUPPORTED_HELP, AggregateRule, Statistic
-from .expressions import ExprType, Resolver, make_resolver, type_row_expression
+from .expressions import (
+    ExprType,
+    Resolver,
+    coerce_literals,
+    make_resolver,
+    type_row_expression,
+)
 
 __all__ = ["AggregateCall", "Analysis", "ConstantQuery", "GroupKey", "OrderItem", "Output",
            "analyze"]
@@ -45,7 +53,9 @@ __all__ = ["AggregateCall", "Analysis", "ConstantQuery", "GroupKey", "OrderItem"
 class GroupKey:
     name: str
     column: ColumnPolicy
-    values: tuple[object, ...]  # the public values: every one is released, zeros included
+    # The public values: every one is released, zeros included. None: the key's values are
+    # private, and groups pass partition selection.
+    values: tuple[object, ...] | None
 
 
 @dataclass(frozen=True)
@@ -85,9 +95,27 @@ class Analysis:
     statement: str  # the normalized query, for the ledger, audit log and cache
 
     @property
-    def group_count(self) -> int:
+    def output_types(self) -> tuple[str, ...]:
+        """PostgreSQL type names of the outputs (int8, float8, text, date, bool)."""
+        aggregate_types = {}
+        for agg in self.aggregates:
+            stats = [self.statistics[i] for i in agg.statistics]
+            aggregate_types[agg.sql] = "int8" if agg.rule.integer_result(stats) else "float8"
+        key_types = {k.name: _PG_TYPES[k.column.type] for k in self.keys}
+        return tuple(infer_type(o.expression, aggregate_types, key_types) for o in self.outputs)
+
+    @property
+    def public_groups(self) -> bool:
+        """True when every group key has public values: no partition selection needed."""
+        return all(k.values is not None for k in self.keys)
+
+    @property
+    def group_count(self) -> int | None:
+        """How many groups are released, when the keys are public (else None)."""
         count = 1
         for key in self.keys:
+            if key.values is None:
+                return None
             count *= len(key.values)
         return count
 
@@ -98,6 +126,13 @@ class ConstantQuery:
 
     outputs: tuple[Output, ...]
     statement: str
+
+    @property
+    def output_types(self) -> tuple[str, ...]:
+        return tuple(infer_type(o.expression, {}, {}) for o in self.outputs)
+
+
+_PG_TYPES = {"int": "int8", "float": "float8", "text": "text", "date": "date", "bool": "bool"}
 
 
 _UNSUPPORTED_CLAUSES = {
@@ -182,6 +217,9 @@ def _resolve_table(select: exp.Select, policy: Policy, analyst: AnalystPolicy
     if not isinstance(source, exp.Table) or not isinstance(source.this, exp.Identifier):
         raise NotSupportedError(f"FROM {source.sql('postgres')} is not supported",
                                 hint="name one table of the policy")
+    if source.args.get("sample") is not None:
+        raise NotSupportedError("TABLESAMPLE is not supported",
+                                hint="contribution bounding already samples per unit")
     if source.catalog or (source.db and source.db.lower() != "public"):
         raise UndefinedTable(f"relation {source.sql('postgres')} does not exist",
                              hint="tables live in schema public")
@@ -207,7 +245,7 @@ def _check_where(select: exp.Select, resolve: Resolver) -> exp.Expression | None
     where = select.args.get("where")
     if where is None:
         return None
-    predicate = where.this
+    predicate = coerce_literals(where.this, resolve)
     kind = type_row_expression(predicate, resolve).kind
     if kind not in ("bool", "null"):
         raise DatatypeMismatch(f"argument of WHERE must be a boolean, got {kind}")
@@ -225,7 +263,7 @@ def _resolve_keys(select: exp.Select, table: TablePolicy, resolve: Resolver
                                 hint="run one GROUP BY per grouping")
     keys: list[GroupKey] = []
     for item in group.expressions:
-        node = _dereference(item, select.expressions)
+        node = _dereference(item, select.expressions, table)
         if not isinstance(node, exp.Column):
             raise NotSupportedError(
                 f"GROUP BY {node.sql('postgres')} is not supported",
@@ -235,40 +273,32 @@ def _resolve_keys(select: exp.Select, table: TablePolicy, resolve: Resolver
             raise PrivacyViolation(
                 f"GROUP BY the privacy unit {column.name} would release one group per unit",
                 hint=f"count units instead: COUNT(DISTINCT {column.name})")
-        if column.public_values is None:
-            raise NotSupportedError(
-                f"GROUP BY {column.name}: its values are not declared public, and partition "
-                "selection for private group keys is not available yet",
-                hint=f"group by a column with public_values, e.g. "
-                     f"{_public_columns(table) or 'none in this table'}")
         if any(k.name == column.name for k in keys):
             continue
         keys.append(GroupKey(column.name, column, column.public_values))
     count = 1
     for key in keys:
-        count *= len(key.values)
-    if count > _MAX_GROUPS:
+        count *= len(key.values) if key.values is not None else 1
+    if all(k.values is not None for k in keys) and count > _MAX_GROUPS:
         raise NotSupportedError(f"GROUP BY would release {count:,} groups (at most "
                                 f"{_MAX_GROUPS:,})", hint="group by fewer columns")
     return tuple(keys)
 
 
-def _public_columns(table: TablePolicy) -> str:
-    return ", ".join(c.name for c in table.columns.values() if c.public_values is not None)
-
-
-def _dereference(item: exp.Expression, select_items: Sequence[exp.Expression]) -> exp.Expression:
-    """GROUP BY 1 and GROUP BY alias refer to select-list items, as in PostgreSQL."""
+def _dereference(item: exp.Expression, select_items: Sequence[exp.Expression],
+                 table: TablePolicy) -> exp.Expression:
+    """GROUP BY 1 and GROUP BY alias refer to select-list items, as in PostgreSQL (where a
+    table column of the same name wins over an alias)."""
     if isinstance(item, exp.Literal) and not item.is_string:
         index = int(item.this)
         if not 1 <= index <= len(select_items):
             raise ProgrammingError(f"GROUP BY position {index} is not in select list")
         target = select_items[index - 1]
         return target.this if isinstance(target, exp.Alias) else target
-    if isinstance(item, exp.Column) and not item.table:
+    if isinstance(item, exp.Column) and not item.table \
+            and item.name.lower() not in {c.lower() for c in table.columns}:
         for target in select_items:
-            if isinstance(target, exp.Alias) and target.alias == item.name \
-                    and isinstance(target.this, exp.Column):
+            if isinstance(target, exp.Alias) and target.alias == item.name:
                 return target.this
     return item
 
@@ -327,6 +357,8 @@ def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolve
                 raise NotSupportedError("aggregate FILTER (WHERE …) is not supported",
                                         hint="use CASE WHEN … THEN … END inside the aggregate")
             rule_name, arg = _aggregate_parts(node, table)
+            if arg is not None:
+                arg = coerce_literals(arg, resolve)
             rule = RULES[rule_name]
             arg_type = None
             if arg is not None:

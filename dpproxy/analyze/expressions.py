@@ -14,11 +14,12 @@ value bounds from the policy's column metadata.
 ('num', 784.0, 4580.0, True)
 >>> t = type_row_expression(parse_one("LEAST(GREATEST(age / 0.5, 0), 100)", read="postgres"), cols)
 >>> (t.lower, t.upper)
-(0.0, 100.0)
+(34.0, 100.0)
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -29,6 +30,8 @@ from sqlglot import exp
 from ..errors import (
     DatatypeMismatch,
     GroupingError,
+    InvalidParameterValue,
+    InvalidTextRepresentation,
     NotSupportedError,
     ProgrammingError,
     UndefinedColumn,
@@ -61,6 +64,15 @@ _EXTRACT_BOUNDS: dict[str, tuple[float, float]] = {
     "month": (1, 12), "day": (1, 31), "dow": (0, 6), "isodow": (1, 7), "doy": (1, 366),
     "quarter": (1, 4), "hour": (0, 23), "minute": (0, 59), "week": (1, 53),
 }
+# EXTRACT fields, and whether their values are whole numbers (seconds can be fractional).
+_EXTRACT_PARTS: dict[str, bool] = {
+    "year": True, "month": True, "day": True, "dow": True, "isodow": True, "doy": True,
+    "quarter": True, "hour": True, "minute": True, "week": True, "decade": True,
+    "century": True, "millennium": True, "isoyear": True,
+    "second": False, "epoch": False, "milliseconds": False, "microseconds": False,
+}
+DATE_TRUNC_UNITS = ("microseconds", "milliseconds", "second", "minute", "hour", "day", "week",
+                    "month", "quarter", "year", "decade", "century", "millennium")
 _ROW_FUNCTIONS_HELP = (
     "+ - * / %, ABS, ROUND, FLOOR, CEIL, LEAST, GREATEST, CASE, COALESCE, NULLIF, CAST, "
     "comparisons, AND/OR/NOT, IN (list), BETWEEN, LIKE/ILIKE, IS NULL, LOWER, UPPER, LENGTH, "
@@ -95,6 +107,12 @@ def _mul(a: float, b: float) -> float:
     if a == 0 or b == 0:
         return 0.0
     return a * b
+
+
+def _quotient(x: float, y: float) -> float:
+    if math.isinf(y):
+        return 0.0 if math.isfinite(x) else (INF if (x > 0) == (y > 0) else -INF) * 1.0
+    return x / y
 
 
 def _compatible(a: ExprType, b: ExprType) -> bool:
@@ -212,9 +230,19 @@ class _RowTyper:
         t = self._numeric(node.this, "minus")
         return replace(t, lower=-t.upper, upper=-t.lower)
 
+    def _date_offset(self, offset: exp.Expression) -> None:
+        # A computed offset could push a date out of range on some rows only: an error that
+        # would depend on the data. A constant number of days cannot.
+        inner = offset.this if isinstance(offset, exp.Neg) else offset
+        if not (isinstance(inner, exp.Literal) and not inner.is_string
+                and inner.this.isdigit() and len(inner.this) <= 6):
+            raise NotSupportedError("date arithmetic takes a constant whole number of days",
+                                    hint="write day + 7, not day + <column>")
+
     def _Add(self, node: exp.Add) -> ExprType:
         a, b = self.visit(node.this), self.visit(node.expression)
         if "date" in (a.kind, b.kind):
+            self._date_offset(node.expression if a.kind == "date" else node.this)
             return ExprType("date", nullable=a.nullable or b.nullable)
         a, b = self._numeric(node.this, "+"), self._numeric(node.expression, "+")
         return _num(a.lower + b.lower, a.upper + b.upper, a.integer and b.integer,
@@ -225,6 +253,7 @@ class _RowTyper:
         if a.kind == "date" and b.kind == "date":
             return ExprType("num", integer=True, nullable=a.nullable or b.nullable)
         if a.kind == "date":
+            self._date_offset(node.expression)
             return ExprType("date", nullable=a.nullable or b.nullable)
         a, b = self._numeric(node.this, "-"), self._numeric(node.expression, "-")
         return _num(a.lower - b.upper, a.upper - b.lower, a.integer and b.integer,
@@ -242,14 +271,13 @@ class _RowTyper:
         # A divisor that can be 0 is rewritten to NULLIF(divisor, 0): the result may be NULL
         # and, unless the divisor is bounded away from 0, it is unbounded.
         if b.lower > 0 or b.upper < 0:
-            quotients = [x / y for x in (a.lower, a.upper) for y in (b.lower, b.upper)
-                         if math.isfinite(y)] or [-INF, INF]
-            if not (math.isfinite(a.lower) and math.isfinite(a.upper)):
-                quotients += [-INF, INF] if not (a.lower >= 0 or a.upper <= 0) else []
+            # The divisor stays on one side of 0; a/b is monotone in each argument there, so
+            # the extremes are at the corners. An infinite divisor end contributes a/±∞ = 0.
+            quotients = [_quotient(x, y) for x in (a.lower, a.upper) for y in (b.lower, b.upper)]
             lo, hi = min(quotients), max(quotients)
             if integer:
-                lo, hi = float(math.trunc(lo)) if math.isfinite(lo) else lo, \
-                    float(math.trunc(hi)) if math.isfinite(hi) else hi
+                lo = float(math.trunc(lo)) if math.isfinite(lo) else lo
+                hi = float(math.trunc(hi)) if math.isfinite(hi) else hi
             return _num(lo, hi, integer, a.nullable or b.nullable)
         return _num(-INF, INF, integer, True)
 
@@ -372,7 +400,8 @@ class _RowTyper:
             if source.kind == "num":
                 lo, hi = source.lower, source.upper
                 if integer:  # rounding to the nearest integer moves a value by at most 1/2
-                    lo, hi = math.floor(lo - 0.5), math.ceil(hi + 0.5)
+                    lo = math.floor(lo - 0.5) if math.isfinite(lo) else lo
+                    hi = math.ceil(hi + 0.5) if math.isfinite(hi) else hi
                 return _num(lo, hi, integer, source.nullable or isinstance(node, exp.TryCast))
             return _num(-INF, INF, integer, True)  # a failed cast becomes NULL (TRY_CAST)
         if target in _TEXT_TYPES:
@@ -498,12 +527,18 @@ class _RowTyper:
         if source.kind not in ("date", "unknown"):
             raise DatatypeMismatch(f"EXTRACT needs a date, got {source.kind}")
         part = node.this.name.lower()
+        if part not in _EXTRACT_PARTS:
+            raise InvalidParameterValue(f"EXTRACT field {part!r} is not supported",
+                                        hint=f"fields: {', '.join(sorted(_EXTRACT_PARTS))}")
         lo, hi = _EXTRACT_BOUNDS.get(part, (-INF, INF))
-        return _num(lo, hi, True, source.nullable)
+        return _num(lo, hi, _EXTRACT_PARTS[part], source.nullable)
 
     def _date_trunc(self, unit: exp.Expression | None, value: exp.Expression) -> ExprType:
         if unit is not None and not isinstance(unit, exp.Literal | exp.Var):
             raise NotSupportedError("DATE_TRUNC takes a constant unit such as 'month'")
+        if unit is not None and unit.name.lower() not in DATE_TRUNC_UNITS:
+            raise InvalidParameterValue(f"DATE_TRUNC unit {unit.name!r} is not recognized",
+                                        hint=f"units: {', '.join(DATE_TRUNC_UNITS)}")
         source = self.visit(value)
         if source.kind not in ("date", "unknown"):
             raise DatatypeMismatch(f"DATE_TRUNC needs a date, got {source.kind}")
@@ -514,3 +549,86 @@ class _RowTyper:
 
     def _TimestampTrunc(self, node: exp.TimestampTrunc) -> ExprType:
         return self._date_trunc(node.args.get("unit"), node.this)
+
+
+# -- literal coercion ----------------------------------------------------------------------------
+_COERCING = (*_COMPARISONS, exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod)
+
+
+def _is_text_literal(node: exp.Expression) -> bool:
+    return isinstance(node, exp.Literal) and node.is_string
+
+
+def _typed_literal(node: exp.Literal, kind: Kind) -> exp.Expression:
+    """The literal read as `kind`, or a 22P02 rejection naming it."""
+    text = node.this.strip()
+    try:
+        if kind == "num":
+            float(text)
+            if text.lower() in ("nan", "inf", "-inf", "infinity", "-infinity", "+inf"):
+                raise ValueError(text)
+            return exp.Literal.number(text)
+        if kind == "date":
+            dt.date.fromisoformat(text)
+            return exp.cast(exp.Literal.string(text), "DATE")
+        if kind == "bool":
+            value = {"true": True, "t": True, "yes": True, "on": True, "1": True,
+                     "false": False, "f": False, "no": False, "off": False, "0": False}[
+                text.lower()]
+            return exp.Boolean(this=value)
+    except (ValueError, KeyError):
+        names = {"num": "a number", "date": "a date (YYYY-MM-DD)", "bool": "a boolean"}
+        raise InvalidTextRepresentation(
+            f"invalid input syntax for {names[kind]}: {node.this!r}",
+            hint="compare with a literal of the column's type") from None
+    return node
+
+
+def coerce_literals(node: exp.Expression, columns: Mapping[str, ColumnPolicy] | Resolver
+                    ) -> exp.Expression:
+    """A copy where quoted literals compared or combined with numbers, dates or booleans
+    are typed literals (validated here, before any charge).
+
+    The backend would otherwise convert such a literal only when a row reaches it, so
+    whether the query fails would tell whether a matching row exists.
+
+    >>> from sqlglot import parse_one
+    >>> from dpproxy.policy import ColumnPolicy
+    >>> cols = {"age": ColumnPolicy("age", "int", 17, 90)}
+    >>> coerce_literals(parse_one("age > '40' AND age IN ('1', 2)", read="postgres"), cols).sql()
+    'age > 40 AND age IN (1, 2)'
+    """
+    typer = _RowTyper(columns if callable(columns) else make_resolver("", None, columns))
+
+    def kind_of(n: exp.Expression) -> Kind:
+        return typer.visit(n).kind
+
+    def swap(n: exp.Expression) -> exp.Expression:
+        pairs: list[tuple[str, exp.Expression]] = []
+        if isinstance(n, _COERCING):
+            for mine, other in (("this", n.expression), ("expression", n.this)):
+                target = n.args.get(mine)
+                if target is not None and _is_text_literal(target) \
+                        and not _is_text_literal(other):
+                    kind = kind_of(other)
+                    if isinstance(n, exp.Add | exp.Sub) and kind == "date":
+                        kind = "num"  # day + '7'
+                    pairs.append((mine, _retyped(target, kind)))
+        elif isinstance(n, exp.In | exp.Between):
+            kind = kind_of(n.this)
+            if isinstance(n, exp.In):
+                n.set("expressions", [_retyped(e, kind) for e in n.expressions])
+            else:
+                for bound in ("low", "high"):
+                    pairs.append((bound, _retyped(n.args[bound], kind)))
+        for key, value in pairs:
+            n.set(key, value)
+        return n
+
+    return node.transform(swap)
+
+
+def _retyped(node: exp.Expression, kind: Kind) -> exp.Expression:
+    if _is_text_literal(node) and kind in ("num", "date", "bool"):
+        return _typed_literal(node, kind)  # type: ignore[arg-type]
+    return node

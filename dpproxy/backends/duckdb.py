@@ -24,8 +24,17 @@ class DuckDBBackend:
         # connect config) so other read-only connections in this process can still open
         # the file; the settings hold for the whole database instance.
         self._connection = duckdb.connect(str(path), read_only=True)
-        self._connection.execute("SET enable_external_access = false")
-        self._connection.execute("SET lock_configuration = true")
+        locked = self._connection.execute(
+            "SELECT current_setting('lock_configuration')").fetchone()
+        if not (locked and locked[0]):  # another engine in this process may have locked it
+            self._connection.execute("SET enable_external_access = false")
+            self._connection.execute("SET lock_configuration = true")
+        external = self._connection.execute(
+            "SELECT current_setting('enable_external_access')").fetchone()
+        if external and external[0]:
+            raise InvalidPolicy(f"the DuckDB database {path} is open in this process with "
+                                "external access enabled and its configuration locked",
+                                hint="open it read-only without locking its configuration")
         self._local = threading.local()
         self._lock = threading.Lock()
 

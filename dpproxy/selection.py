@@ -1,0 +1,132 @@
+"""Partition selection: release a group only when its noisy count of units clears a threshold.
+
+When group keys are not public, which groups exist is itself private. Each
+group's count of distinct privacy units gets noise; a group is released only
+when that noisy count reaches a threshold T. A unit touches at most k groups
+(`max_groups_per_unit`), so the vector of counts has L1 sensitivity k and L2
+sensitivity √k; a group that exists only because of one unit (true count 1) is
+released with probability at most δ' = 1 − (1 − δ)^{1/k}, hence at most δ for
+all of that unit's k groups together.
+
+The textbook thresholds (for continuous noise) are `laplace_threshold` and
+`gaussian_threshold`. We draw *discrete* noise, whose tails are heavier (up to
+2× for the discrete Laplace), so the threshold actually used is computed from
+the exact tail of the discrete noise with the exact sampler parameter:
+
+>>> round(laplace_threshold(1.0, 1e-5, 1), 1), round(laplace_threshold(1.0, 1e-5, 5), 1)
+(11.8, 63.2)
+>>> sigma, tau = gaussian_threshold(1.0, 1e-5, 5)
+>>> round(sigma, 2), round(tau, 1)
+(8.69, 42.3)
+>>> plan_selection(1.0, 1e-5, 5).threshold >= 42
+True
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from scipy.special import ndtri
+
+from .errors import InvalidParameterValue
+from .mechanisms import (
+    Mechanism,
+    NoiseSpec,
+    calibrate,
+    gaussian_sigma,
+)
+
+
+@dataclass(frozen=True)
+class SelectionSpec:
+    """How groups with private keys are selected, and what it costs."""
+
+    mechanism: Mechanism
+    epsilon: float
+    delta: float  # all of it: threshold δ (and, for Gaussian, the noise's δ)
+    max_groups: int  # k: groups one unit can touch
+    noise: NoiseSpec  # noise on each group's count of distinct units
+    threshold: int  # released iff unit count + noise >= threshold
+    textbook_threshold: float  # the continuous-noise formula, for comparison
+    min_units: int = 0  # an extra floor the policy or session asked for
+
+    @property
+    def rho(self) -> float | None:
+        return self.noise.rho
+
+
+def per_group_delta(delta: float, k: int) -> float:
+    """δ' = 1 − (1 − δ)^{1/k}, computed without cancellation."""
+    return -math.expm1(math.log1p(-delta) / k)
+
+
+def laplace_threshold(epsilon: float, delta: float, k: int) -> float:
+    """Textbook Laplace thresholding: b = k/ε, τ = 1 − b·ln(2δ')."""
+    _check(epsilon, delta, k)
+    return 1 - (k / epsilon) * math.log(2 * per_group_delta(delta, k))
+
+
+def gaussian_threshold(epsilon: float, delta: float, k: int) -> tuple[float, float]:
+    """Textbook Gaussian thresholding: δ split evenly between noise and threshold; σ from
+    the analytic Gaussian at L2 sensitivity √k; τ = 1 − σ·Φ⁻¹(δ'). Returns (σ, τ)."""
+    _check(epsilon, delta, k)
+    sigma = gaussian_sigma(math.sqrt(k), epsilon, delta / 2)
+    return sigma, 1 - sigma * float(ndtri(per_group_delta(delta / 2, k)))
+
+
+def _check(epsilon: float, delta: float, k: int) -> None:
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise InvalidParameterValue(f"partition selection needs epsilon > 0, got {epsilon}")
+    if not 0 < delta < 1:
+        raise InvalidParameterValue(
+            "partition selection needs delta > 0: the groups that exist are private",
+            hint="SET dpproxy.delta = 1e-7, or group by columns with public_values")
+    if k < 1:
+        raise InvalidParameterValue(f"max_groups_per_unit must be >= 1, got {k}")
+
+
+def _discrete_laplace_threshold(spec: NoiseSpec, target: float) -> int:
+    # P(Z >= m) = e^{-m/t} / (1 + e^{-1/t}) for integer m >= 1 (discrete Laplace, scale t)
+    t = float(spec.grid_param)
+    m = math.ceil(t * (-math.log(target) - math.log1p(math.exp(-1 / t))))
+    return 1 + max(m, 1)
+
+
+def _discrete_gaussian_tail(sigma_sq: float, m: int) -> float:
+    """P(Z >= m) for the discrete Gaussian, by summing the mass function."""
+    reach = math.ceil(40 * math.sqrt(sigma_sq)) + 2
+    weights = [math.exp(-(x * x) / (2 * sigma_sq)) for x in range(reach + 1)]
+    total = weights[0] + 2 * sum(weights[1:])
+    return sum(weights[m:]) / total if m <= reach else 0.0
+
+
+def _discrete_gaussian_threshold(spec: NoiseSpec, target: float) -> int:
+    sigma_sq = float(spec.grid_param)
+    m = max(1, math.floor(math.sqrt(sigma_sq) * -float(ndtri(target))) - 1)
+    # a margin of 1e-9 relative covers the float error of the summed tail
+    while _discrete_gaussian_tail(sigma_sq, m) > target * (1 - 1e-9):
+        m += 1
+    return 1 + m
+
+
+def plan_selection(epsilon: float, delta: float, k: int, min_units: int = 0) -> SelectionSpec:
+    """Calibrate both thresholding mechanisms and keep the one with the lower threshold."""
+    _check(epsilon, delta, k)
+    laplace_noise = calibrate("laplace", float(k), epsilon, integer_valued=True,
+                              changed_outputs=k)
+    laplace = SelectionSpec(
+        "laplace", epsilon, delta, k, laplace_noise,
+        _discrete_laplace_threshold(laplace_noise, per_group_delta(delta, k)),
+        laplace_threshold(epsilon, delta, k), min_units)
+    gaussian_noise = calibrate("gaussian", math.sqrt(k), epsilon, delta / 2,
+                               integer_valued=True, changed_outputs=k)
+    gaussian = SelectionSpec(
+        "gaussian", epsilon, delta, k, gaussian_noise,
+        _discrete_gaussian_threshold(gaussian_noise, per_group_delta(delta / 2, k)),
+        gaussian_threshold(epsilon, delta, k)[1], min_units)
+    return min(laplace, gaussian, key=lambda s: s.threshold)
+
+
+def effective_threshold(spec: SelectionSpec) -> int:
+    return max(spec.threshold, spec.min_units)

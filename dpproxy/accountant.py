@@ -11,6 +11,17 @@ exact binary rationals 10 * float(0.1) > 1.0 (the tenth is refused). Decimal of 
 repr gives 0.1 * 10 == 1.0 exactly. Where a sum could ever need rounding (more than
 50 digits) spent rounds up and budgets round down, so rounding never creates budget.
 
+Accounting: every charge records its loss in two forms that compose — (ε, δ), summed
+under basic composition, and (ρ, δ outside zCDP), where ρ adds up under zCDP (Gaussian
+noise Δ²/2σ², pure-ε releases ε²/2) and the extra δ (partition selection's threshold) adds
+to δ. Under ``accounting = "zcdp"`` an account can pay when the summed ρ converts (CKS20)
+to at most its ε at its δ minus the extra δ. Budgets may renew daily, weekly or monthly
+(UTC): spending then counts from the start of the current window.
+
+Answer cache: a charge may claim a cache key in the same transaction, so two sessions
+asking the same query cannot both pay and release two different noisy answers; the answer
+is stored before it is returned.
+
 Concurrency: one sqlite3 connection per Ledger guarded by a lock (threads), WAL,
 ``BEGIN IMMEDIATE`` and a busy timeout (other Ledgers and processes on the file),
 ``synchronous=FULL`` so a charge is on disk before ``charge()`` returns.
@@ -18,6 +29,7 @@ Concurrency: one sqlite3 connection per Ledger guarded by a lock (threads), WAL,
 
 from __future__ import annotations
 
+import datetime as dt
 import decimal
 import math
 import os
@@ -38,8 +50,13 @@ from .errors import (
     OperationalError,
     UndefinedObject,
 )
+from .mechanisms import zcdp_epsilon
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+ACCOUNTING = ("basic", "zcdp")
+WINDOWS = ("never", "daily", "weekly", "monthly")
+# A claimed answer that never arrived (its process died) is abandoned after this long.
+STALE_CLAIM_S = 600.0
 
 _SCHEMA = """
 CREATE TABLE accounts (
@@ -47,7 +64,10 @@ CREATE TABLE accounts (
     budget_epsilon TEXT NOT NULL,
     budget_delta   TEXT NOT NULL,
     spent_epsilon  TEXT NOT NULL DEFAULT '0',
-    spent_delta    TEXT NOT NULL DEFAULT '0'
+    spent_delta    TEXT NOT NULL DEFAULT '0',
+    spent_rho        TEXT NOT NULL DEFAULT '0',
+    spent_zcdp_delta TEXT NOT NULL DEFAULT '0',
+    window_start     REAL
 );
 CREATE TABLE charges (
     charge_id TEXT PRIMARY KEY,
@@ -55,7 +75,9 @@ CREATE TABLE charges (
     analyst   TEXT NOT NULL,
     statement TEXT NOT NULL,
     epsilon   TEXT NOT NULL,
-    delta     TEXT NOT NULL
+    delta     TEXT NOT NULL,
+    rho        TEXT NOT NULL DEFAULT '0',
+    zcdp_delta TEXT NOT NULL DEFAULT '0'
 );
 CREATE TABLE charge_accounts (
     charge_id TEXT NOT NULL REFERENCES charges (charge_id),
@@ -71,6 +93,32 @@ CREATE TABLE admin_events (
     action   TEXT NOT NULL,
     epsilon  TEXT NOT NULL,
     delta    TEXT NOT NULL
+);
+""" + "\n;" + """
+CREATE TABLE answers (
+    analyst   TEXT NOT NULL,
+    cache_key TEXT NOT NULL,
+    charge_id TEXT NOT NULL,
+    at        REAL NOT NULL,
+    answer    TEXT,
+    PRIMARY KEY (analyst, cache_key)
+);
+"""
+# v1 -> v2: loss in zCDP form (v1 charges are taken as (ε, δ)-DP: ρ = ε²/2 plus δ outside),
+# renewal windows, and the answer cache.
+_MIGRATE_1_TO_2 = """
+ALTER TABLE accounts ADD COLUMN spent_rho TEXT NOT NULL DEFAULT '0';
+ALTER TABLE accounts ADD COLUMN spent_zcdp_delta TEXT NOT NULL DEFAULT '0';
+ALTER TABLE accounts ADD COLUMN window_start REAL;
+ALTER TABLE charges ADD COLUMN rho TEXT NOT NULL DEFAULT '0';
+ALTER TABLE charges ADD COLUMN zcdp_delta TEXT NOT NULL DEFAULT '0';
+CREATE TABLE answers (
+    analyst   TEXT NOT NULL,
+    cache_key TEXT NOT NULL,
+    charge_id TEXT NOT NULL,
+    at        REAL NOT NULL,
+    answer    TEXT,
+    PRIMARY KEY (analyst, cache_key)
 );
 """
 
@@ -91,6 +139,40 @@ class Cost:
     delta: float = 0.0
 
 
+@dataclass(frozen=True)
+class Loss:
+    """What one release costs, in the forms that compose (see the module docstring)."""
+
+    epsilon: float
+    delta: float = 0.0
+    rho: float | None = None  # None: ε²/2 (an ε-DP release is ε²/2-zCDP)
+    zcdp_delta: float | None = None  # δ not covered by ρ; None: all of delta
+
+    @classmethod
+    def of(cls, cost: Cost | Loss) -> Loss:
+        return cost if isinstance(cost, Loss) else cls(cost.epsilon, cost.delta)
+
+    @property
+    def zcdp(self) -> tuple[float, float]:
+        rho = self.rho if self.rho is not None else self.epsilon ** 2 / 2
+        return rho, self.zcdp_delta if self.zcdp_delta is not None else self.delta
+
+
+class AnswerAvailable(Exception):
+    """The query's answer is cached (or being computed): nothing was charged."""
+
+    def __init__(self, answer: str | None) -> None:
+        super().__init__("answer cached" if answer is not None else "answer pending")
+        self.answer = answer  # None: another session is computing it now
+
+
+@dataclass(frozen=True)
+class CachedAnswer:
+    answer: str | None  # None: claimed, not stored yet
+    at: float
+    charge_id: str
+
+
 class _CostLike(Protocol):  # Cost, or policy.Budget which has the same two fields
     @property
     def epsilon(self) -> float: ...
@@ -100,9 +182,16 @@ class _CostLike(Protocol):  # Cost, or policy.Budget which has the same two fiel
 
 @dataclass(frozen=True)
 class AccountStatus:
+    """Budget and spending of one account. Under zCDP, `spent.epsilon` is the ε that the
+    summed ρ converts to at the budget's δ (minus the δ spent outside zCDP), and
+    `spent.delta` that outside δ."""
+
     account: str
     budget: Cost
     spent: Cost
+    rho: float = 0.0  # summed zCDP ρ
+    accounting: str = "basic"
+    window_start: float | None = None  # when the current renewal window began
 
     @property
     def remaining(self) -> Cost:
@@ -126,7 +215,7 @@ class AdminEvent:
     at: float
     by: str
     account: str
-    action: str  # "create" (from the policy), "grant" or "set_budget"
+    action: str  # "create" (from the policy), "grant", "set_budget", "reset" or "renew"
     amount: Cost  # the budget created or set, or the amount granted
 
 
@@ -168,6 +257,41 @@ def _check_cost(cost: _CostLike, what: str) -> tuple[Decimal, Decimal]:
     return values[0], values[1]
 
 
+def _set_wal(db: sqlite3.Connection, timeout: float) -> None:
+    """Switch to WAL. On a file that other connections are creating at the same moment,
+    SQLite can answer "locked" here without waiting on the busy timeout: retry."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
+def _zcdp_spent_epsilon(rho: Decimal, outside_delta: Decimal, budget_delta: Decimal) -> float:
+    """The ε that summed ρ converts to at the δ left after the δ spent outside zCDP."""
+    if rho <= 0:
+        return 0.0
+    left = _num(budget_delta - outside_delta)
+    if left <= 0:
+        return math.inf
+    return zcdp_epsilon(_num(rho), min(left, 0.999999))
+
+
+def window_start_at(now: float, window: str) -> float:
+    """Unix time at which the renewal window containing `now` began (UTC)."""
+    day = dt.datetime.fromtimestamp(now, dt.UTC).replace(hour=0, minute=0, second=0,
+                                                         microsecond=0)
+    if window == "weekly":
+        day -= dt.timedelta(days=day.weekday())
+    elif window == "monthly":
+        day = day.replace(day=1)
+    return day.timestamp()
+
+
 def _check_name(value: object, what: str) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidParameterValue(f"{what} must be a non-empty string, got {value!r}")
@@ -182,12 +306,20 @@ class Ledger:
     """
 
     def __init__(self, path: str | os.PathLike[str], initial_budgets: Mapping[str, _CostLike],
-                 *, timeout: float = 30.0) -> None:
+                 *, timeout: float = 30.0, accounting: str = "basic",
+                 window: str = "never") -> None:
         """Open or create the SQLite ledger; accounts missing from the file are created with
         their policy budget (the policy is the initial state; an existing account's budget in
         the ledger is NOT overwritten by a changed policy)."""
         budgets = {_check_name(a, "account"): _check_cost(c, f"budget of {a}")
                    for a, c in initial_budgets.items()}
+        if accounting not in ACCOUNTING:
+            raise InvalidParameterValue(f"accounting must be one of {ACCOUNTING}, "
+                                        f"got {accounting!r}")
+        if window not in WINDOWS:
+            raise InvalidParameterValue(f"budget window must be one of {WINDOWS}, got {window!r}")
+        self.accounting = accounting
+        self.window = window
         self._path = os.fspath(path)
         self._lock = threading.RLock()
         self._pid = os.getpid()
@@ -202,7 +334,7 @@ class Ledger:
         try:
             with self._sql():
                 db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-                db.execute("PRAGMA journal_mode = WAL")
+                _set_wal(db, timeout)
                 db.execute("PRAGMA synchronous = FULL")
                 db.execute("PRAGMA fullfsync = ON")  # macOS: fsync alone does not reach the disk
                 db.execute("PRAGMA foreign_keys = ON")
@@ -274,6 +406,23 @@ class Ledger:
                 if stmt.strip():
                     self._db.execute(stmt)
             self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        elif version == 1:
+            for stmt in _MIGRATE_1_TO_2.split(";"):
+                if stmt.strip():
+                    self._db.execute(stmt)
+            sums: dict[str, tuple[Decimal, Decimal]] = {}
+            for cid, e, d in self._db.execute("SELECT charge_id, epsilon, delta FROM charges"):
+                rho = _UP.multiply(_UP.multiply(Decimal(e), Decimal(e)), Decimal("0.5"))
+                self._db.execute("UPDATE charges SET rho = ?, zcdp_delta = ? WHERE charge_id = ?",
+                                 (str(rho), d, cid))
+                for (account,) in self._db.execute(
+                        "SELECT account FROM charge_accounts WHERE charge_id = ?", (cid,)):
+                    r0, d0 = sums.get(account, (_ZERO, _ZERO))
+                    sums[account] = (_UP.add(r0, rho), _UP.add(d0, Decimal(d)))
+            for account, (rho, zd) in sums.items():
+                self._db.execute("UPDATE accounts SET spent_rho = ?, spent_zcdp_delta = ?"
+                                 " WHERE account = ?", (str(rho), str(zd), account))
+            self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _admin_event(self, at: float, by: str, account: str, action: str, eps: Decimal,
                      delta: Decimal) -> None:
@@ -283,66 +432,159 @@ class Ledger:
                                                         str(delta)))
 
     def _row(self, db: sqlite3.Connection, account: str) -> tuple[Decimal, ...]:
-        row = db.execute("SELECT budget_epsilon, budget_delta, spent_epsilon, spent_delta"
-                         " FROM accounts WHERE account = ?", (account,)).fetchone()
+        """(budget ε, budget δ, spent ε, spent δ, spent ρ, spent zCDP-outside δ), with spending
+        before the current renewal window counted as zero."""
+        row = db.execute("SELECT budget_epsilon, budget_delta, spent_epsilon, spent_delta,"
+                         " spent_rho, spent_zcdp_delta, window_start FROM accounts"
+                         " WHERE account = ?", (account,)).fetchone()
         if row is None:
             known = [r[0] for r in db.execute("SELECT account FROM accounts ORDER BY account"
                                               " LIMIT 21")]
             listed = ", ".join(known[:20]) + (", …" if len(known) > 20 else "")
             raise UndefinedObject(f"unknown privacy account {account!r}; known accounts: "
                                   f"{listed or '(none)'}")
-        return tuple(Decimal(v) for v in row)
+        values = tuple(Decimal(v) for v in row[:6])
+        if self._expired(row[6]):
+            values = (*values[:2], _ZERO, _ZERO, _ZERO, _ZERO)
+        return values
+
+    def _expired(self, window_start: float | None) -> bool:
+        if self.window == "never":
+            return False
+        return window_start is None or window_start < window_start_at(time.time(), self.window)
+
+    def _renew(self, db: sqlite3.Connection, account: str) -> None:
+        """Start a new window for the account if its current one has ended (write path)."""
+        if self.window == "never":
+            return
+        (started,) = db.execute("SELECT window_start FROM accounts WHERE account = ?",
+                                (account,)).fetchone()
+        if self._expired(started):
+            now = window_start_at(time.time(), self.window)
+            db.execute("UPDATE accounts SET spent_epsilon = '0', spent_delta = '0',"
+                       " spent_rho = '0', spent_zcdp_delta = '0', window_start = ?"
+                       " WHERE account = ?", (now, account))
+            if started is not None:
+                self._admin_event(time.time(), "window", account, "renew", _ZERO, _ZERO)
 
     def _status(self, db: sqlite3.Connection, account: str) -> AccountStatus:
-        be, bd, se, sd = self._row(db, account)
-        return AccountStatus(account, Cost(_num(be), _num(bd)), Cost(_num(se), _num(sd)))
+        be, bd, se, sd, srho, szd = self._row(db, account)
+        (started,) = db.execute("SELECT window_start FROM accounts WHERE account = ?",
+                                (account,)).fetchone()
+        if self.accounting == "zcdp":
+            spent = Cost(_zcdp_spent_epsilon(srho, szd, bd), _num(szd))
+        else:
+            spent = Cost(_num(se), _num(sd))
+        return AccountStatus(account, Cost(_num(be), _num(bd)), spent, _num(srho),
+                             self.accounting, None if self._expired(started) else started)
 
     # -- API --------------------------------------------------------------------------------
 
-    def charge(self, accounts: Sequence[str], cost: Cost, *, analyst: str,
-               statement: str) -> Charge:
+    def charge(self, accounts: Sequence[str], cost: Cost | Loss, *, analyst: str,
+               statement: str, claim: str | None = None) -> Charge:
         """Atomically check that every account can pay `cost` and record the charge; raise
-        BudgetExceeded otherwise (nothing is written). The charge is durable on return."""
+        BudgetExceeded otherwise (nothing is written). The charge is durable on return.
+
+        With `claim`, the analyst's cache key is claimed in the same transaction; if it is
+        already claimed, AnswerAvailable is raised and nothing is charged."""
         if isinstance(accounts, str) or not accounts:
             raise InvalidParameterValue("charge needs a non-empty list of accounts, "
                                         f"got {accounts!r}")
         names = tuple(dict.fromkeys(_check_name(a, "account") for a in accounts))  # dedupe
-        eps, delta = _check_cost(cost, "query cost")
+        loss = Loss.of(cost)
+        eps, delta = _check_cost(loss, "query cost")
+        rho, zcdp_delta = (_check_cost(Cost(*loss.zcdp), "query cost in zCDP form"))
         _check_name(analyst, "analyst")
         if not isinstance(statement, str):
             raise InvalidParameterValue("statement must be a string")
         with self._write() as db:
+            if claim is not None:
+                self._check_claim(db, analyst, claim)
             short: list[tuple[str, Decimal, Decimal]] = []
-            new_spent: list[tuple[str, Decimal, Decimal]] = []
+            new_spent: list[tuple[str, Decimal, Decimal, Decimal, Decimal]] = []
             delta_short = False
             for name in names:
-                be, bd, se, sd = self._row(db, name)
+                self._row(db, name)  # raises for an unknown account before any write
+                self._renew(db, name)
+                be, bd, se, sd, srho, szd = self._row(db, name)
                 ne, nd = _UP.add(se, eps), _UP.add(sd, delta)
-                if ne > be or nd > bd:
-                    short.append((name, _left(be, se), _left(bd, sd)))
-                    delta_short = delta_short or nd > bd
-                new_spent.append((name, ne, nd))
+                nrho, nzd = _UP.add(srho, rho), _UP.add(szd, zcdp_delta)
+                if self.accounting == "zcdp":
+                    over_delta = nzd >= bd if nrho > 0 else nzd > bd
+                    over = over_delta or _zcdp_spent_epsilon(nrho, nzd, bd) > _num(be)
+                    left = (_left(be, _dec(_zcdp_spent_epsilon(srho, szd, bd))), _left(bd, szd))
+                else:
+                    over_delta = nd > bd
+                    over = ne > be or over_delta
+                    left = (_left(be, se), _left(bd, sd))
+                if over:
+                    short.append((name, *left))
+                    delta_short = delta_short or over_delta
+                new_spent.append((name, ne, nd, nrho, nzd))
             if short:
                 who = " and ".join(_label(n) for n, _, _ in short)
                 if len(short) == 1:
-                    left = f"ε={_fmt(short[0][1])}, δ={_fmt(short[0][2])}"
+                    left_text = f"ε={_fmt(short[0][1])}, δ={_fmt(short[0][2])}"
                 else:
-                    left = "; ".join(f"{_label(n)} ε={_fmt(e)}, δ={_fmt(d)}" for n, e, d in short)
+                    left_text = "; ".join(f"{_label(n)} ε={_fmt(e)}, δ={_fmt(d)}"
+                                          for n, e, d in short)
                 raise BudgetExceeded(
                     f"privacy budget exceeded for {who}: query costs ε={_fmt(eps)}, "
-                    f"δ={_fmt(delta)}; remaining {left}",
+                    f"δ={_fmt(delta)}; remaining {left_text}",
                     hint=_HINT_DELTA if delta_short else _HINT)
             charge = Charge(uuid.uuid4().hex, names, Cost(_num(eps), _num(delta)), analyst,
                             statement, time.time())
-            db.execute("INSERT INTO charges (charge_id, at, analyst, statement, epsilon, delta)"
-                       " VALUES (?, ?, ?, ?, ?, ?)", (charge.charge_id, charge.at, analyst,
-                                                      statement, str(eps), str(delta)))
-            for name, ne, nd in new_spent:
-                db.execute("UPDATE accounts SET spent_epsilon = ?, spent_delta = ?"
-                           " WHERE account = ?", (str(ne), str(nd), name))
+            db.execute("INSERT INTO charges (charge_id, at, analyst, statement, epsilon, delta,"
+                       " rho, zcdp_delta) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (charge.charge_id, charge.at, analyst, statement, str(eps), str(delta),
+                        str(rho), str(zcdp_delta)))
+            for name, ne, nd, nrho, nzd in new_spent:
+                db.execute("UPDATE accounts SET spent_epsilon = ?, spent_delta = ?,"
+                           " spent_rho = ?, spent_zcdp_delta = ? WHERE account = ?",
+                           (str(ne), str(nd), str(nrho), str(nzd), name))
                 db.execute("INSERT INTO charge_accounts (charge_id, account) VALUES (?, ?)",
                            (charge.charge_id, name))
+            if claim is not None:
+                db.execute("INSERT OR REPLACE INTO answers (analyst, cache_key, charge_id, at,"
+                           " answer) VALUES (?, ?, ?, ?, NULL)",
+                           (analyst, claim, charge.charge_id, charge.at))
         return charge
+
+    # -- answer cache ------------------------------------------------------------------------
+
+    def _check_claim(self, db: sqlite3.Connection, analyst: str, key: str) -> None:
+        row = db.execute("SELECT answer, at FROM answers WHERE analyst = ? AND cache_key = ?",
+                         (analyst, key)).fetchone()
+        if row is None:
+            return
+        answer, at = row
+        if answer is not None or time.time() - at < STALE_CLAIM_S:
+            raise AnswerAvailable(answer)
+        # abandoned: its process died before storing, so that answer was never released
+
+    def lookup_answer(self, analyst: str, key: str) -> CachedAnswer | None:
+        """The stored (or claimed, answer None) answer for the analyst's cache key."""
+        with self._read() as db:
+            row = db.execute("SELECT answer, at, charge_id FROM answers WHERE analyst = ? AND"
+                             " cache_key = ?", (analyst, key)).fetchone()
+        if row is None:
+            return None
+        answer, at, charge_id = row
+        if answer is None and time.time() - at >= STALE_CLAIM_S:
+            return None
+        return CachedAnswer(answer, at, charge_id)
+
+    def store_answer(self, analyst: str, key: str, charge_id: str, answer: str) -> None:
+        """Store the released answer of a claimed key, durably, before it is returned."""
+        with self._write() as db:
+            db.execute("UPDATE answers SET answer = ? WHERE analyst = ? AND cache_key = ? AND"
+                       " charge_id = ?", (answer, analyst, key, charge_id))
+
+    def drop_claim(self, analyst: str, key: str, charge_id: str) -> None:
+        """Give up a claim whose query failed before producing an answer (the charge stays)."""
+        with self._write() as db:
+            db.execute("DELETE FROM answers WHERE analyst = ? AND cache_key = ? AND"
+                       " charge_id = ? AND answer IS NULL", (analyst, key, charge_id))
 
     def status(self, account: str) -> AccountStatus:
         with self._read() as db:
@@ -393,7 +635,7 @@ class Ledger:
         eps, delta = _check_cost(extra, "grant")
         _check_name(by, "by")
         with self._write() as db:
-            be, bd, _, _ = self._row(db, account)
+            be, bd, *_ = self._row(db, account)
             ne, nd = _DOWN.add(be, eps), _DOWN.add(bd, delta)
             if nd >= 1:
                 raise InvalidParameterValue(f"grant would make the delta budget of {account} "
@@ -412,6 +654,48 @@ class Ledger:
             db.execute("UPDATE accounts SET budget_epsilon = ?, budget_delta = ? WHERE account = ?",
                        (str(eps), str(delta), account))
             self._admin_event(time.time(), by, account, "set_budget", eps, delta)
+            return self._status(db, account)
+
+    def affordable(self, account: str, cost: Cost | Loss, limit: int = 10**9) -> int:
+        """How many more charges of `cost` the account can pay (at most `limit`)."""
+        loss = Loss.of(cost)
+        eps, delta = _check_cost(loss, "cost")
+        rho, outside = _check_cost(Cost(*loss.zcdp), "cost in zCDP form")
+        with self._read() as db:
+            be, bd, se, sd, srho, szd = self._row(db, account)
+
+        def fits(n: int) -> bool:
+            k = Decimal(n)
+            if self.accounting == "zcdp":
+                nrho = _UP.add(srho, _UP.multiply(k, rho))
+                nzd = _UP.add(szd, _UP.multiply(k, outside))
+                if nzd > bd or (nrho > 0 and nzd >= bd):
+                    return False
+                return _zcdp_spent_epsilon(nrho, nzd, bd) <= _num(be)
+            return _UP.add(se, _UP.multiply(k, eps)) <= be \
+                and _UP.add(sd, _UP.multiply(k, delta)) <= bd
+
+        if eps == 0 and delta == 0 and rho == 0 and outside == 0:
+            return limit
+        low, high = 0, 1
+        while high < limit and fits(high):
+            low, high = high, high * 2
+        high = min(high, limit)
+        if fits(high):
+            return high
+        while high - low > 1:  # fits(low) and not fits(high)
+            mid = (low + high) // 2
+            low, high = (mid, high) if fits(mid) else (low, mid)
+        return low
+
+    def reset(self, account: str, *, by: str) -> AccountStatus:
+        """Forget what the account has spent (its history stays); recorded as an admin event."""
+        _check_name(by, "by")
+        with self._write() as db:
+            _, _, se, sd, *_ = self._row(db, account)
+            db.execute("UPDATE accounts SET spent_epsilon = '0', spent_delta = '0',"
+                       " spent_rho = '0', spent_zcdp_delta = '0' WHERE account = ?", (account,))
+            self._admin_event(time.time(), by, account, "reset", se, sd)
             return self._status(db, account)
 
     def close(self) -> None:

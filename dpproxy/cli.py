@@ -5,14 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from . import errors
 from .policy import Policy, load_policy
-from .session import Engine, Result
+from .session import Engine, Result, open_ledger
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
@@ -122,39 +124,86 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_budget_show(args: argparse.Namespace) -> int:
-    policy = load_policy(args.policy)
-    from .accountant import Ledger
-    from .session import analyst_account
+def _account(policy: Policy, analyst: str | None, table: str | None) -> str:
+    """The account an admin command names: an analyst's, or a table's total budget."""
+    from .session import analyst_account, table_account
 
-    with Ledger(policy.ledger_path, _initial_budgets(policy)) as ledger:
-        statuses = ledger.statuses()
-    if args.analyst:
-        if args.analyst not in policy.analysts:
-            raise errors.UndefinedObject(f"analyst {args.analyst!r} is not in the policy",
-                                         hint=f"analysts: {', '.join(policy.analysts)}")
-        statuses = [s for s in statuses if s.account == analyst_account(args.analyst)]
-    rows = [{"account": s.account, "epsilon_budget": s.budget.epsilon,
-             "epsilon_spent": s.spent.epsilon, "epsilon_remaining": s.remaining.epsilon,
-             "delta_budget": s.budget.delta, "delta_spent": s.spent.delta,
-             "delta_remaining": s.remaining.delta} for s in statuses]
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
+    if (analyst is None) == (table is None):
+        raise errors.InterfaceError("name one analyst, or one table with --table")
+    if table is not None:
+        if table not in policy.tables or policy.tables[table].total_budget is None:
+            with_budget = [t.name for t in policy.tables.values() if t.total_budget]
+            raise errors.UndefinedObject(
+                f"table {table!r} has no total budget in the policy",
+                hint=f"tables with one: {', '.join(with_budget) or 'none'}")
+        return table_account(table)
+    assert analyst is not None
+    if analyst not in policy.analysts or policy.analysts[analyst].budget is None:
+        raise errors.UndefinedObject(f"analyst {analyst!r} has no budget in the policy",
+                                     hint=f"analysts: {', '.join(policy.analysts)}")
+    return analyst_account(analyst)
+
+
+def _status_row(s: Any) -> dict[str, Any]:
+    return {"account": s.account, "epsilon_budget": s.budget.epsilon,
+            "epsilon_spent": s.spent.epsilon, "epsilon_remaining": s.remaining.epsilon,
+            "delta_budget": s.budget.delta, "delta_spent": s.spent.delta,
+            "delta_remaining": s.remaining.delta}
+
+
+def _print_rows(rows: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(rows, indent=2, default=str))
+        return
     columns = tuple(rows[0]) if rows else ("account",)
     print(format_table(Result(columns, [tuple(r.values()) for r in rows], "SELECT")))
+
+
+def cmd_budget_show(args: argparse.Namespace) -> int:
+    policy = load_policy(args.policy)
+    with open_ledger(policy) as ledger:
+        if args.analyst or args.table:
+            statuses = [ledger.status(_account(policy, args.analyst, args.table))]
+        else:
+            statuses = ledger.statuses()
+    _print_rows([_status_row(s) for s in statuses], args.json)
     return 0
 
 
-def _initial_budgets(policy: Policy) -> dict[str, Any]:
+def _admin_change(args: argparse.Namespace, action: str) -> int:
     from .accountant import Cost
-    from .session import analyst_account, table_account
 
-    budgets = {analyst_account(a.name): Cost(a.budget.epsilon, a.budget.delta)
-               for a in policy.analysts.values() if a.budget is not None}
-    budgets |= {table_account(t.name): Cost(t.total_budget.epsilon, t.total_budget.delta)
-                for t in policy.tables.values() if t.total_budget is not None}
-    return budgets
+    policy = load_policy(args.policy)
+    account = _account(policy, args.analyst, args.table)
+    with open_ledger(policy) as ledger:
+        if action == "grant":
+            status = ledger.grant(account, Cost(args.epsilon, args.delta), by=args.by)
+        elif action == "set":
+            status = ledger.set_budget(account, Cost(args.epsilon, args.delta), by=args.by)
+        else:
+            status = ledger.reset(account, by=args.by)
+    _print_rows([_status_row(status)], args.json)
+    return 0
+
+
+def cmd_budget_history(args: argparse.Namespace) -> int:
+    policy = load_policy(args.policy)
+    account = _account(policy, args.analyst, args.table) if args.analyst or args.table \
+        else None
+    with open_ledger(policy) as ledger:
+        charges = ledger.history(account, limit=args.limit)
+        events = ledger.admin_history(account, limit=args.limit)
+    rows = [{"at": c.at, "who": c.analyst, "what": "charge", "epsilon": c.cost.epsilon,
+             "delta": c.cost.delta, "accounts": ",".join(c.accounts), "detail": c.statement}
+            for c in charges]
+    rows += [{"at": e.at, "who": e.by, "what": e.action, "epsilon": e.amount.epsilon,
+              "delta": e.amount.delta, "accounts": e.account, "detail": ""} for e in events]
+    rows.sort(key=lambda r: r["at"], reverse=True)
+    rows = rows[:args.limit]
+    for row in rows:
+        row["at"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["at"]))
+    _print_rows(rows, args.json)
+    return 0
 
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
@@ -216,13 +265,34 @@ def build_parser() -> argparse.ArgumentParser:
     query_args(e)
     e.set_defaults(func=cmd_explain)
 
-    b = sub.add_parser("budget", help="budget administration")
+    b = sub.add_parser("budget", help="budget administration: show, grant, set, reset, history")
     bsub = b.add_subparsers(dest="budget_command", required=True, metavar="ACTION")
+
+    def target(p: argparse.ArgumentParser, required: bool) -> None:
+        with_policy(p)
+        p.add_argument("analyst", nargs="?", help="the analyst" + ("" if required else
+                                                                   " (default: all)"))
+        p.add_argument("--table", help="a table's total budget instead of an analyst's")
+        p.add_argument("--json", action="store_true", help="print JSON")
+
     show = bsub.add_parser("show", help="budgets, spent and remaining")
-    with_policy(show)
-    show.add_argument("analyst", nargs="?", help="only this analyst")
-    show.add_argument("--json", action="store_true")
+    target(show, required=False)
     show.set_defaults(func=cmd_budget_show)
+    for action, text in (("grant", "add ε (and δ) to a budget"),
+                         ("set", "replace a budget"),
+                         ("reset", "forget what a budget has spent (history stays)")):
+        cmd = bsub.add_parser(action, help=text)
+        target(cmd, required=True)
+        if action != "reset":
+            cmd.add_argument("--epsilon", type=float, required=True)
+            cmd.add_argument("--delta", type=float, default=0.0)
+        cmd.add_argument("--by", default=os.environ.get("USER") or "cli",
+                         help="who makes the change, for the record (default: $USER)")
+        cmd.set_defaults(func=lambda a, action=action: _admin_change(a, action))
+    history = bsub.add_parser("history", help="charges and admin changes, newest first")
+    target(history, required=False)
+    history.add_argument("--limit", type=int, default=50)
+    history.set_defaults(func=cmd_budget_history)
 
     p = sub.add_parser("policy", help="policy files")
     psub = p.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
@@ -235,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", type=Path, help="write here instead of the policy's backend path")
     d.add_argument("--seed", type=int, help="random seed (default: the policy's demo_seed)")
     d.set_defaults(func=cmd_demo)
+
     return parser
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .accountant import Cost
+from .accountant import Cost, Loss
 from .analyze import Analysis
 from .analyze.aggregates import Statistic
 from .errors import InvalidParameterValue
@@ -95,6 +95,25 @@ class QueryPlan:
             return Cost(0.0, 0.0)
         uses_delta = self.options.mechanism == "gaussian" or self.selection is not None
         return Cost(self.options.epsilon, self.options.delta if uses_delta else 0.0)
+
+    @property
+    def loss(self) -> Loss:
+        """The cost in the forms that compose: (ε, δ) as charged under basic composition, and
+        zCDP ρ — Gaussian measurements Δ²/2σ², Laplace ones ε²/2 each — plus the δ that
+        lies outside zCDP (partition selection's threshold)."""
+        cost = self.cost
+        rho = sum(m.noise.rho if m.noise.rho is not None else m.noise.epsilon ** 2 / 2
+                  for m in self.measurements)
+        outside_delta = 0.0
+        if self.selection is not None:
+            sel = self.selection
+            if sel.mechanism == "gaussian":
+                rho += sel.noise.rho or 0.0
+                outside_delta += sel.delta / 2  # the threshold's half; the noise's is in ρ
+            else:
+                rho += sel.epsilon ** 2 / 2
+                outside_delta += sel.delta
+        return Loss(cost.epsilon, cost.delta, rho, outside_delta)
 
 
 def contribution_bound(analysis: Analysis) -> ContributionBound:

@@ -8,6 +8,8 @@ Relative paths in the file are relative to the file's own folder.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import tomllib
 from collections.abc import Mapping
@@ -21,7 +23,8 @@ ColumnType = Literal["int", "float", "text", "date", "bool"]
 MechanismName = Literal["laplace", "gaussian"]
 COLUMN_TYPES: tuple[str, ...] = ("int", "float", "text", "date", "bool")
 MECHANISMS: tuple[str, ...] = ("laplace", "gaussian")
-ACCOUNTING: tuple[str, ...] = ("basic",)
+ACCOUNTING: tuple[str, ...] = ("basic", "zcdp")
+BUDGET_WINDOWS: tuple[str, ...] = ("never", "daily", "weekly", "monthly")
 BACKENDS: tuple[str, ...] = ("duckdb", "postgres")
 ROLES: tuple[str, ...] = ("analyst", "admin")
 
@@ -82,6 +85,7 @@ class PrivacyDefaults:
     accounting: str = "basic"
     confidence: float = 0.95
     min_units_per_group: int = 0  # extra floor for partition selection
+    budget_window: str = "never"  # budgets renew daily, weekly or monthly (UTC)
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,7 @@ class Policy:
     ledger_path: Path
     audit_log_path: Path
     server: ServerSettings = ServerSettings()
+    version: str = ""  # digest of the policy's content: cached answers belong to one version
 
     def analyst(self, name: str) -> AnalystPolicy:
         try:
@@ -341,7 +346,7 @@ def parse_policy(raw: Mapping[str, Any], file: Path) -> Policy:
                             be.get("demo_seed", int))
 
     pr = top.sub("privacy", {"default_epsilon", "default_delta", "mechanism", "accounting",
-                             "confidence", "min_units_per_group"})
+                             "confidence", "min_units_per_group", "budget_window"})
     privacy = PrivacyDefaults()
     if pr is not None:
         privacy = PrivacyDefaults(
@@ -353,6 +358,7 @@ def parse_policy(raw: Mapping[str, Any], file: Path) -> Policy:
             confidence=pr.number("confidence", 0.95, low=0.0, high=1.0, low_open=True,
                                  high_open=True) or 0.95,
             min_units_per_group=pr.get("min_units_per_group", int, 0),
+            budget_window=pr.choice("budget_window", BUDGET_WINDOWS, "never"),
         )
         if privacy.min_units_per_group < 0:
             pr.fail("min_units_per_group", "must be a non-negative integer")
@@ -372,5 +378,6 @@ def parse_policy(raw: Mapping[str, Any], file: Path) -> Policy:
     audit = top.sub("audit", {"path"})
     audit_path = (base / (audit.get("path", str, f"{file.stem}.audit.jsonl")
                           if audit else f"{file.stem}.audit.jsonl")).resolve()
+    version = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode())
     return Policy(file, database, backend, privacy, tables, analysts, ledger_path, audit_path,
-                  _server(top, base))
+                  _server(top, base), version.hexdigest()[:16])

@@ -110,22 +110,45 @@ def _discrete_gaussian_threshold(spec: NoiseSpec, target: float) -> int:
     return 1 + m
 
 
+def laplace_selection(epsilon: float, delta: float, k: int, min_units: int = 0
+                      ) -> SelectionSpec:
+    """Laplace thresholding: noise scale k/ε, all of δ for the threshold."""
+    _check(epsilon, delta, k)
+    noise = calibrate("laplace", float(k), epsilon, integer_valued=True, changed_outputs=k)
+    return SelectionSpec("laplace", epsilon, delta, k, noise,
+                         _discrete_laplace_threshold(noise, per_group_delta(delta, k)),
+                         laplace_threshold(epsilon, delta, k), min_units)
+
+
+def gaussian_selection(epsilon: float, delta: float, k: int, min_units: int = 0
+                       ) -> SelectionSpec:
+    """Gaussian thresholding: half of δ for the noise (L2 sensitivity √k), half for the
+    threshold."""
+    _check(epsilon, delta, k)
+    noise = calibrate("gaussian", math.sqrt(k), epsilon, delta / 2, integer_valued=True,
+                      changed_outputs=k)
+    return SelectionSpec("gaussian", epsilon, delta, k, noise,
+                         _discrete_gaussian_threshold(noise, per_group_delta(delta / 2, k)),
+                         gaussian_threshold(epsilon, delta, k)[1], min_units)
+
+
 def plan_selection(epsilon: float, delta: float, k: int, min_units: int = 0) -> SelectionSpec:
     """Calibrate both thresholding mechanisms and keep the one with the lower threshold."""
-    _check(epsilon, delta, k)
-    laplace_noise = calibrate("laplace", float(k), epsilon, integer_valued=True,
-                              changed_outputs=k)
-    laplace = SelectionSpec(
-        "laplace", epsilon, delta, k, laplace_noise,
-        _discrete_laplace_threshold(laplace_noise, per_group_delta(delta, k)),
-        laplace_threshold(epsilon, delta, k), min_units)
-    gaussian_noise = calibrate("gaussian", math.sqrt(k), epsilon, delta / 2,
-                               integer_valued=True, changed_outputs=k)
-    gaussian = SelectionSpec(
-        "gaussian", epsilon, delta, k, gaussian_noise,
-        _discrete_gaussian_threshold(gaussian_noise, per_group_delta(delta / 2, k)),
-        gaussian_threshold(epsilon, delta, k)[1], min_units)
-    return min(laplace, gaussian, key=lambda s: s.threshold)
+    return min(laplace_selection(epsilon, delta, k, min_units),
+               gaussian_selection(epsilon, delta, k, min_units), key=lambda s: s.threshold)
+
+
+def single_unit_release_probability(spec: SelectionSpec) -> float:
+    """P(a group held by one unit is released) = P(1 + noise >= T), from the exact tail."""
+    return _upper_tail(spec, effective_threshold(spec) - 1)  # T >= 2, so the margin is >= 1
+
+
+def _upper_tail(spec: SelectionSpec, m: int) -> float:
+    """P(noise >= m) for m >= 1."""
+    if spec.mechanism == "laplace":
+        t = float(spec.noise.grid_param)
+        return math.exp(-m / t) / (1 + math.exp(-1 / t))
+    return _discrete_gaussian_tail(float(spec.noise.grid_param), m)
 
 
 def effective_threshold(spec: SelectionSpec) -> int:

@@ -7,14 +7,19 @@ about the wire or the DB-API: both are thin shells over `Session.execute`.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
+import time
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
+
 from . import errors
-from .accountant import AccountStatus, Cost, Ledger
+from .accountant import AccountStatus, AnswerAvailable, Cost, Ledger, Loss
 from .analyze import Analysis, ConstantQuery, analyze
 from .audit import AuditLog, AuditRecord
 from .backends import Backend, open_backend
@@ -28,9 +33,12 @@ from .rewrite import Rewritten, rewrite
 OPTION_PREFIX = "dpproxy."
 OPTIONS = ("epsilon", "delta", "mechanism", "confidence", "min_units_per_group")
 REWRITE_CACHE_SIZE = 1024
+CACHE_WAIT_S = 30.0  # how long a repeat waits for the first answer still being computed
+# queries_left_like_last: how many more queries shaped like the session's last charged one
+# the remaining budget buys (NULL before the first).
 BUDGET_COLUMNS = ("account", "epsilon_budget", "epsilon_spent", "epsilon_remaining",
-                  "delta_budget", "delta_spent", "delta_remaining")
-BUDGET_TYPES = ("text",) + ("float8",) * 6
+                  "delta_budget", "delta_spent", "delta_remaining", "queries_left_like_last")
+BUDGET_TYPES = ("text",) + ("float8",) * 6 + ("int8",)
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,24 @@ class Result:
     notices: list[str] = field(default_factory=list)
 
 
+def _answer_json(result: Result) -> str:
+    return json.dumps({
+        "columns": result.columns, "rows": result.rows, "tag": result.tag,
+        "types": result.types, "intervals": result.intervals,
+        "accuracy": [asdict(a) if a is not None else None for a in result.accuracy],
+    })
+
+
+def _result_from_json(text: str) -> Result:
+    data = json.loads(text)
+    return Result(
+        tuple(data["columns"]), [tuple(r) for r in data["rows"]], data["tag"],
+        tuple(data["types"]),
+        tuple(ColumnAccuracy(**{**a, "noise_scales": tuple(a["noise_scales"])})
+              if a is not None else None for a in data["accuracy"]),
+        [tuple(tuple(i) if i is not None else None for i in row) for row in data["intervals"]])
+
+
 def analyst_account(name: str) -> str:
     return f"analyst:{name}"
 
@@ -64,17 +90,28 @@ def table_account(name: str) -> str:
     return f"table:{name}"
 
 
+def initial_budgets(policy: Policy) -> dict[str, Cost]:
+    """Every account the policy defines, with its budget: analysts' and tables' totals."""
+    budgets = {analyst_account(a.name): Cost(a.budget.epsilon, a.budget.delta)
+               for a in policy.analysts.values() if a.budget is not None}
+    budgets |= {table_account(t.name): Cost(t.total_budget.epsilon, t.total_budget.delta)
+                for t in policy.tables.values() if t.total_budget is not None}
+    return budgets
+
+
+def open_ledger(policy: Policy) -> Ledger:
+    """The policy's ledger, created with its budgets if new, in its accounting mode."""
+    return Ledger(policy.ledger_path, initial_budgets(policy),
+                  accounting=policy.privacy.accounting, window=policy.privacy.budget_window)
+
+
 class Engine:
     """Everything sessions on one policy share. Thread-safe."""
 
     def __init__(self, policy: Policy, backend: Backend | None = None) -> None:
         self.policy = policy
         self.backend = backend if backend is not None else open_backend(policy)
-        budgets = {analyst_account(a.name): Cost(a.budget.epsilon, a.budget.delta)
-                   for a in policy.analysts.values() if a.budget is not None}
-        budgets |= {table_account(t.name): Cost(t.total_budget.epsilon, t.total_budget.delta)
-                    for t in policy.tables.values() if t.total_budget is not None}
-        self.ledger = Ledger(policy.ledger_path, budgets)
+        self.ledger = open_ledger(policy)
         self.audit = AuditLog(policy.audit_log_path)
         self._closed = False
         self._lock = threading.Lock()
@@ -130,6 +167,7 @@ class Session:
         for name, value in options.items():
             self.set_option(name, value)
         self.client_settings: dict[str, str] = {}
+        self._last_loss: Loss | None = None
 
     # options --------------------------------------------------------------------------------
     def set_option(self, name: str, value: Any) -> None:
@@ -242,31 +280,84 @@ class Session:
                           planned.output_types, accuracy=tuple(None for _ in row),
                           intervals=[tuple(None for _ in row)])
         plan = planned
-        analysis = plan.analysis
-        charge_id = None
-        if plan.reads_data:
-            rewritten = self.engine.rewritten(plan)
-            # Charge first, durably: a failure after this point may depend on the data,
-            # so it is paid for like a release.
-            charge = self.engine.ledger.charge(self._accounts(analysis), plan.cost,
-                                               analyst=self.analyst.name,
-                                               statement=analysis.statement)
-            charge_id = charge.charge_id
+        if not plan.reads_data:  # public keys only: nothing private is read, nothing charged
+            released = release(plan, [])
+            self._audit(plan.analysis.statement, "released", rows=len(released.rows))
+            return self._result(released, plan, self.remaining())
+        key = self._cache_key(statement, plan)
+        for _ in range(2):  # a second round only when a claim was abandoned under us
+            cached = self._wait_for_answer(key)
+            if cached is not None:
+                return self._cached_result(plan, cached)
             try:
-                exact_rows = self.engine.backend.run_aggregate(rewritten.sql,
-                                                               rewritten.parameters())
-            except errors.Error as exc:
-                self._audit(analysis.statement, "failed", exc, epsilon=plan.cost.epsilon,
-                            delta=plan.cost.delta, charge_id=charge_id)
-                raise
-            released = release(plan, exact_rows)
-            del exact_rows
-        else:
-            released = release(plan, [])  # public keys only: nothing private is read
-        remaining = self.remaining()
+                return self._charge_and_release(plan, key)
+            except AnswerAvailable as hit:
+                if hit.answer is not None:
+                    return self._cached_result(plan, hit.answer)
+        raise errors.OperationalError(
+            "an identical query by the same analyst is still being answered",
+            hint="retry in a moment: repeats of a query return its first answer")
+
+    def _charge_and_release(self, plan: QueryPlan, key: str) -> Result:
+        analysis = plan.analysis
+        rewritten = self.engine.rewritten(plan)
+        # Charge first, durably, claiming the cache key in the same transaction: a failure
+        # after this point may depend on the data, so it is paid for like a release.
+        charge = self.engine.ledger.charge(self._accounts(analysis), plan.loss,
+                                           analyst=self.analyst.name,
+                                           statement=analysis.statement, claim=key)
+        try:
+            exact_rows = self.engine.backend.run_aggregate(rewritten.sql,
+                                                           rewritten.parameters())
+        except errors.Error as exc:
+            self.engine.ledger.drop_claim(self.analyst.name, key, charge.charge_id)
+            self._audit(analysis.statement, "failed", exc, epsilon=plan.cost.epsilon,
+                        delta=plan.cost.delta, charge_id=charge.charge_id)
+            raise
+        released = release(plan, exact_rows)
+        del exact_rows
+        result = self._result(released, plan, self.remaining())
+        # Stored before it is returned: a repeat can only ever see this answer.
+        self.engine.ledger.store_answer(self.analyst.name, key, charge.charge_id,
+                                        _answer_json(result))
+        self._last_loss = plan.loss
         self._audit(analysis.statement, "released", epsilon=plan.cost.epsilon,
-                    delta=plan.cost.delta, rows=len(released.rows), charge_id=charge_id)
-        return self._result(released, plan, remaining)
+                    delta=plan.cost.delta, rows=len(released.rows), charge_id=charge.charge_id)
+        return result
+
+    def _cache_key(self, statement: Statement, plan: QueryPlan) -> str:
+        """Same normalized query, options, policy version and data: same key."""
+        assert statement.ast is not None
+        normalized = normalize_identifiers(statement.ast.copy(), dialect="postgres")
+        parts = [normalized.sql("postgres"), asdict(plan.options), self.engine.policy.version,
+                 self.engine.backend.data_version(), self.engine.ledger.accounting]
+        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+    def _wait_for_answer(self, key: str) -> str | None:
+        """The stored answer; waits while another session is computing it."""
+        deadline = time.monotonic() + CACHE_WAIT_S
+        while True:
+            cached = self.engine.ledger.lookup_answer(self.analyst.name, key)
+            if cached is None:
+                return None
+            if cached.answer is not None:
+                return cached.answer
+            if time.monotonic() > deadline:
+                raise errors.OperationalError(
+                    "an identical query by the same analyst is still being answered",
+                    hint="retry in a moment: repeats of a query return its first answer")
+            time.sleep(0.02)
+
+    def _cached_result(self, plan: QueryPlan, answer: str) -> Result:
+        result = _result_from_json(answer)
+        result.cost = None
+        result.remaining = self.remaining()
+        result.notices = [*(a.describe() for a in result.accuracy if a is not None),
+                          "repeated query: its first answer, at no further cost",
+                          f"budget left: ε={result.remaining.epsilon:.6g}, "
+                          f"δ={result.remaining.delta:.3g}"]
+        self._audit(plan.analysis.statement, "cached", rows=len(result.rows))
+        return result
 
     def _result(self, released: Released, plan: QueryPlan, remaining: Cost) -> Result:
         notices = [a.describe() for a in released.accuracy if a is not None]
@@ -325,8 +416,10 @@ class Session:
                     table_account(t) for t in self.analyst.tables
                     if self.engine.policy.tables[t].total_budget is not None]:
                 s = self.engine.ledger.status(account)
+                left = (self.engine.ledger.affordable(account, self._last_loss)
+                        if self._last_loss is not None else None)
                 rows.append((account, s.budget.epsilon, s.spent.epsilon, s.remaining.epsilon,
-                             s.budget.delta, s.spent.delta, s.remaining.delta))
+                             s.budget.delta, s.spent.delta, s.remaining.delta, left))
             return Result(BUDGET_COLUMNS, rows, f"SELECT {len(rows)}", BUDGET_TYPES)
         if name.startswith(OPTION_PREFIX) and name.removeprefix(OPTION_PREFIX) in OPTIONS:
             return Result((name,), [(self.show_option(name.removeprefix(OPTION_PREFIX)),)],

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dpproxy.accountant import SCHEMA_VERSION, Cost, Ledger
+from dpproxy.accountant import SCHEMA_VERSION, AnswerAvailable, Cost, Ledger, Loss
 from dpproxy.errors import (
     BudgetExceeded,
     InterfaceError,
@@ -21,6 +21,7 @@ from dpproxy.errors import (
     OperationalError,
     UndefinedObject,
 )
+from dpproxy.mechanisms import zcdp_epsilon
 
 REPO = str(Path(__file__).resolve().parents[1])
 ALICE, ADULT = "analyst:alice", "table:adult"
@@ -336,13 +337,13 @@ def test_schema_version_is_set_and_newer_files_are_refused(tmp_path: Path) -> No
     path = tmp_path / "l.db"
     Ledger(path, {ALICE: Cost(1.0)}).close()
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 1
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert {"accounts", "charges", "charge_accounts", "admin_events"} <= tables
-    db.execute("PRAGMA user_version = 2")
+    assert {"accounts", "charges", "charge_accounts", "admin_events", "answers"} <= tables
+    db.execute("PRAGMA user_version = 3")
     db.close()
-    with pytest.raises(OperationalError, match="schema version 2, newer than the 1"):
+    with pytest.raises(OperationalError, match="schema version 3, newer than the 2"):
         Ledger(path, {ALICE: Cost(1.0)})
 
 
@@ -422,3 +423,165 @@ def test_closed_ledger_refuses_use(tmp_path: Path) -> None:
     with pytest.raises(InterfaceError):
         ledger.status(ALICE)
     ledger.close()  # idempotent
+
+
+# -- zCDP accounting, windows, reset, answer claims (issue: privacy core) ---------------------
+
+def _gaussian_loss(sigma: float, epsilon: float = 0.1, delta: float = 1e-8) -> Loss:
+    return Loss(epsilon, delta, rho=1 / (2 * sigma ** 2), zcdp_delta=0.0)
+
+
+def test_zcdp_buys_the_published_number_of_gaussian_queries(tmp_path: Path) -> None:
+    """100 Gaussian releases at σ = 45.31 (Δ = 1) are (1.0, 1e-6)-DP under CKS20; at σ = 50,
+    (0.90, 1e-6). Basic composition of the same releases' (ε, δ) would need far more."""
+    with Ledger(tmp_path / "z.db", {ALICE: Cost(1.0, 1e-6)}, accounting="zcdp") as ledger:
+        for _ in range(100):
+            ledger.charge([ALICE], _gaussian_loss(45.4), analyst="alice", statement="q")
+        status = ledger.status(ALICE)
+        assert 0.99 < status.spent.epsilon <= 1.0
+        with pytest.raises(BudgetExceeded):
+            ledger.charge([ALICE], _gaussian_loss(45.4), analyst="alice", statement="q")
+    with Ledger(tmp_path / "z50.db", {ALICE: Cost(1.0, 1e-6)}, accounting="zcdp") as ledger:
+        for _ in range(100):
+            ledger.charge([ALICE], _gaussian_loss(50.0), analyst="alice", statement="q")
+        assert abs(ledger.status(ALICE).spent.epsilon - 0.90) < 0.005
+        assert abs(ledger.status(ALICE).rho - 100 / (2 * 50.0 ** 2)) < 1e-12
+
+
+def test_zcdp_counts_pure_epsilon_as_half_its_square_and_outside_delta(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "z.db", {ALICE: Cost(1.0, 1e-5)}, accounting="zcdp") as ledger:
+        ledger.charge([ALICE], Loss(0.1, 4e-6, zcdp_delta=4e-6), analyst="a", statement="q")
+        status = ledger.status(ALICE)
+        assert status.rho == pytest.approx(0.1 ** 2 / 2)
+        assert status.spent.delta == pytest.approx(4e-6)
+        # the outside δ leaves 6e-6 for the conversion
+        assert status.spent.epsilon == pytest.approx(zcdp_epsilon(0.005, 6e-6))
+        with pytest.raises(BudgetExceeded):  # outside δ would reach the whole δ budget
+            ledger.charge([ALICE], Loss(0.01, 6e-6, zcdp_delta=6e-6), analyst="a",
+                          statement="q")
+
+
+def test_basic_accounting_ignores_rho(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "b.db", {ALICE: Cost(1.0, 1e-6)}) as ledger:
+        for _ in range(10):
+            ledger.charge([ALICE], _gaussian_loss(45.0, 0.1, 1e-7), analyst="a", statement="q")
+        with pytest.raises(BudgetExceeded):
+            ledger.charge([ALICE], _gaussian_loss(45.0, 0.1, 1e-7), analyst="a", statement="q")
+
+
+def test_version_1_ledger_is_migrated_with_conservative_zcdp_sums(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE accounts (account TEXT PRIMARY KEY, budget_epsilon TEXT NOT NULL,
+            budget_delta TEXT NOT NULL, spent_epsilon TEXT NOT NULL DEFAULT '0',
+            spent_delta TEXT NOT NULL DEFAULT '0');
+        CREATE TABLE charges (charge_id TEXT PRIMARY KEY, at REAL NOT NULL, analyst TEXT NOT NULL,
+            statement TEXT NOT NULL, epsilon TEXT NOT NULL, delta TEXT NOT NULL);
+        CREATE TABLE charge_accounts (charge_id TEXT NOT NULL, account TEXT NOT NULL,
+            PRIMARY KEY (charge_id, account));
+        CREATE TABLE admin_events (event_id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL,
+            by TEXT NOT NULL, account TEXT NOT NULL, action TEXT NOT NULL, epsilon TEXT NOT NULL,
+            delta TEXT NOT NULL);
+        INSERT INTO accounts VALUES ('analyst:alice', '2.0', '0.00001', '0.5', '0.000001');
+        INSERT INTO charges VALUES ('c1', 1.0, 'alice', 'q', '0.3', '0.000001');
+        INSERT INTO charges VALUES ('c2', 2.0, 'alice', 'q', '0.2', '0');
+        INSERT INTO charge_accounts VALUES ('c1', 'analyst:alice'), ('c2', 'analyst:alice');
+        PRAGMA user_version = 1;
+    """)
+    db.close()
+    with Ledger(path, {ALICE: Cost(9.0)}) as ledger:
+        status = ledger.status(ALICE)
+        assert (status.budget, status.spent) == (Cost(2.0, 1e-5), Cost(0.5, 1e-6))
+        assert status.rho == pytest.approx(0.3 ** 2 / 2 + 0.2 ** 2 / 2)
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2
+
+
+def test_budget_window_renews_spending(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dpproxy.accountant as accountant
+
+    clock = [1_700_000_000.0]  # a Tuesday, 22:13 UTC
+    monkeypatch.setattr(accountant.time, "time", lambda: clock[0])
+    with Ledger(tmp_path / "w.db", {ALICE: Cost(1.0)}, window="daily") as ledger:
+        for _ in range(10):
+            ledger.charge([ALICE], Cost(0.1), analyst="a", statement="q")
+        with pytest.raises(BudgetExceeded):
+            ledger.charge([ALICE], Cost(0.1), analyst="a", statement="q")
+        clock[0] += 2 * 3600  # past midnight UTC: a new day
+        assert ledger.status(ALICE).spent == Cost(0.0, 0.0)
+        ledger.charge([ALICE], Cost(0.1), analyst="a", statement="q")
+        assert ledger.status(ALICE).spent == Cost(0.1, 0.0)
+        assert [e.action for e in ledger.admin_history(ALICE)][:1] == ["renew"]
+        assert len(ledger.history(ALICE)) == 11  # history is kept across windows
+
+
+def test_window_starts() -> None:
+    from dpproxy.accountant import window_start_at
+
+    t = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC, a Tuesday
+    assert window_start_at(t, "daily") == 1_699_920_000.0  # 2023-11-14 00:00
+    assert window_start_at(t, "weekly") == 1_699_833_600.0  # Monday 2023-11-13
+    assert window_start_at(t, "monthly") == 1_698_796_800.0  # 2023-11-01
+
+
+def test_reset_forgets_spending_and_is_recorded(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "r.db", {ALICE: Cost(1.0)}) as ledger:
+        ledger.charge([ALICE], Cost(0.7), analyst="a", statement="q")
+        status = ledger.reset(ALICE, by="admin")
+        assert status.spent == Cost(0.0, 0.0) and status.remaining == Cost(1.0, 0.0)
+        event = ledger.admin_history(ALICE)[0]
+        assert (event.by, event.action, event.amount) == ("admin", "reset", Cost(0.7, 0.0))
+
+
+def test_claimed_answer_is_charged_once(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "c.db", {ALICE: Cost(1.0)}) as ledger:
+        charge = ledger.charge([ALICE], Cost(0.5), analyst="alice", statement="q", claim="k")
+        with pytest.raises(AnswerAvailable) as pending:
+            ledger.charge([ALICE], Cost(0.5), analyst="alice", statement="q", claim="k")
+        assert pending.value.answer is None
+        ledger.store_answer("alice", "k", charge.charge_id, '{"rows": [[1]]}')
+        with pytest.raises(AnswerAvailable) as cached:
+            ledger.charge([ALICE], Cost(0.5), analyst="alice", statement="q", claim="k")
+        assert cached.value.answer == '{"rows": [[1]]}'
+        assert ledger.status(ALICE).spent == Cost(0.5, 0.0)
+        found = ledger.lookup_answer("alice", "k")
+        assert found is not None and found.answer == '{"rows": [[1]]}'
+        assert ledger.lookup_answer("bob", "k") is None  # answers are per analyst
+
+
+def test_dropped_claim_can_be_charged_again(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "d.db", {ALICE: Cost(1.0)}) as ledger:
+        charge = ledger.charge([ALICE], Cost(0.25), analyst="alice", statement="q", claim="k")
+        ledger.drop_claim("alice", "k", charge.charge_id)
+        ledger.charge([ALICE], Cost(0.25), analyst="alice", statement="q", claim="k")
+        assert ledger.status(ALICE).spent == Cost(0.5, 0.0)
+
+
+def test_32_threads_release_exactly_the_budget(tmp_path: Path) -> None:
+    """32 threads, each with its own Ledger, race for a budget that fits exactly 40 charges."""
+    path = tmp_path / "t.db"
+    Ledger(path, {ALICE: Cost(4.0)}).close()
+    wins: list[int] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(32, timeout=30)
+
+    def worker() -> None:
+        with Ledger(path, {ALICE: Cost(4.0)}) as ledger:
+            barrier.wait()
+            for _ in range(4):
+                try:
+                    ledger.charge([ALICE], Cost(0.1), analyst="alice", statement="q")
+                except BudgetExceeded:
+                    continue
+                with lock:
+                    wins.append(1)
+
+    threads = [threading.Thread(target=worker) for _ in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    assert len(wins) == 40
+    with Ledger(path, {ALICE: Cost(4.0)}) as ledger:
+        assert ledger.status(ALICE).spent == Cost(4.0, 0.0)

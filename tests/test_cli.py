@@ -71,9 +71,9 @@ def test_explain_prints_plan_and_charges_nothing(demo_policy: Path) -> None:
 
 
 def test_budget_show_reflects_queries(demo_policy: Path) -> None:
-    for _ in range(3):
+    for age in (20, 30, 40):  # three different queries (a repeat would be free)
         assert dpproxy("query", "--policy", demo_policy, "--epsilon", "0.5",
-                       "SELECT COUNT(*) FROM adult").returncode == 0
+                       f"SELECT COUNT(*) FROM adult WHERE age > {age}").returncode == 0
     run = dpproxy("budget", "show", "--policy", demo_policy)
     assert run.returncode == 0
     row = next(line for line in run.stdout.splitlines() if line.startswith("analyst:alice"))
@@ -110,3 +110,30 @@ def test_query_builds_missing_demo_database(tmp_path: Path) -> None:
     audit = [json.loads(line) for line in (tmp_path / "demo.audit.jsonl").read_text()
              .splitlines()]
     assert audit[-1]["outcome"] == "released" and audit[-1]["analyst"] == "alice"
+
+
+def test_budget_admin_commands_change_and_record(demo_policy: Path) -> None:
+    def show() -> dict:
+        out = dpproxy("budget", "show", "alice", "--policy", demo_policy, "--json")
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)[0]
+
+    assert dpproxy("query", "--policy", demo_policy, "--epsilon", "2",
+                   "SELECT COUNT(*) FROM adult").returncode == 0
+    granted = dpproxy("budget", "grant", "alice", "--epsilon", "1.5", "--delta", "1e-6",
+                      "--by", "ops", "--policy", demo_policy)
+    assert granted.returncode == 0, granted.stderr
+    assert (show()["epsilon_budget"], show()["delta_budget"]) == (11.5, 1.1e-05)
+    assert dpproxy("budget", "set", "alice", "--epsilon", "4", "--by", "ops",
+                   "--policy", demo_policy).returncode == 0
+    assert (show()["epsilon_budget"], show()["epsilon_remaining"]) == (4.0, 2.0)
+    assert dpproxy("budget", "reset", "alice", "--by", "ops",
+                   "--policy", demo_policy).returncode == 0
+    assert (show()["epsilon_spent"], show()["epsilon_remaining"]) == (0.0, 4.0)
+    history = json.loads(dpproxy("budget", "history", "alice", "--json",
+                                 "--policy", demo_policy).stdout)
+    assert [(h["who"], h["what"]) for h in history[:4]] == [
+        ("ops", "reset"), ("ops", "set_budget"), ("ops", "grant"), ("alice", "charge")]
+    assert history[3]["detail"] == "SELECT COUNT(*) FROM adult"
+    unknown = dpproxy("budget", "grant", "mallory", "--epsilon", "1", "--policy", demo_policy)
+    assert unknown.returncode == 1 and "42704" in unknown.stderr

@@ -847,10 +847,6 @@ def test_noise_is_added(alice: Session, exact_db: duckdb.DuckDBPyConnection) -> 
     assert alice.remaining().epsilon == pytest.approx(10 - 5 * 0.1, abs=1e-12)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SPEC §5 Caching: the same normalized query with the same options by the same analyst "
-    "must return the same released answer and cost nothing more; Session._query has no "
-    "cache of released answers, so a repeat is noised and charged afresh"))
 def test_repeated_query_returns_cached_answer_for_free(alice: Session) -> None:
     sql = "SELECT occupation, SUM(hours_per_week) FROM adult GROUP BY occupation"
     first = alice.execute(sql)

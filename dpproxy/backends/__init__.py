@@ -20,6 +20,10 @@ class Backend(Protocol):
         """Run one rewritten statement; raise BackendError (never the raw error) on failure."""
         ...
 
+    def data_version(self) -> str:
+        """Changes whenever the data may have changed: cached answers belong to one version."""
+        ...
+
     def close(self) -> None: ...
 
 

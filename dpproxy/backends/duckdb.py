@@ -23,6 +23,7 @@ class DuckDBBackend:
         # so nothing that slipped through could read a file. Set after connecting (not as
         # connect config) so other read-only connections in this process can still open
         # the file; the settings hold for the whole database instance.
+        self._path = path
         self._connection = duckdb.connect(str(path), read_only=True)
         locked = self._connection.execute(
             "SELECT current_setting('lock_configuration')").fetchone()
@@ -67,6 +68,10 @@ class DuckDBBackend:
                 detail=f"backend error class: {type(exc).__name__}",
                 hint="the backend's message is withheld because it may quote private data",
             ) from None
+
+    def data_version(self) -> str:
+        stat = self._path.stat()
+        return f"{stat.st_size}:{stat.st_mtime_ns}"
 
     def close(self) -> None:
         self._connection.close()

@@ -5,43 +5,9 @@
 rewrite, accountant (charge), backends (execute), release, session (respond).
 """
 
-from .dbapi import (
-    BINARY,
-    DATETIME,
-    NUMBER,
-    ROWID,
-    STRING,
-    Binary,
-    Connection,
-    Cursor,
-    DatabaseError,
-    DataError,
-    Date,
-    DateFromTicks,
-    Error,
-    IntegrityError,
-    InterfaceError,
-    InternalError,
-    NotSupportedError,
-    OperationalError,
-    ProgrammingError,
-    Time,
-    TimeFromTicks,
-    Timestamp,
-    TimestampFromTicks,
-    Warning,
-    apilevel,
-    connect,
-    paramstyle,
-    threadsafety,
-)
+from . import dbapi
+from .dbapi import *  # noqa: F403 - the DB-API module globals are the package's
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "BINARY", "DATETIME", "NUMBER", "ROWID", "STRING", "Binary", "Connection", "Cursor",
-    "DataError", "DatabaseError", "Date", "DateFromTicks", "Error", "IntegrityError",
-    "InterfaceError", "InternalError", "NotSupportedError", "OperationalError",
-    "ProgrammingError", "Time", "TimeFromTicks", "Timestamp", "TimestampFromTicks", "Warning",
-    "__version__", "apilevel", "connect", "paramstyle", "threadsafety",
-]
+__all__ = [*dbapi.__all__, "__version__"]

@@ -58,6 +58,18 @@ WINDOWS = ("never", "daily", "weekly", "monthly")
 # A claimed answer that never arrived (its process died) is abandoned after this long.
 STALE_CLAIM_S = 600.0
 
+# Released answers by analyst and cache key; answer is NULL while the charge's query runs.
+_ANSWERS = """
+CREATE TABLE answers (
+    analyst   TEXT NOT NULL,
+    cache_key TEXT NOT NULL,
+    charge_id TEXT NOT NULL,
+    at        REAL NOT NULL,
+    answer    TEXT,
+    PRIMARY KEY (analyst, cache_key)
+);
+"""
+
 _SCHEMA = """
 CREATE TABLE accounts (
     account        TEXT PRIMARY KEY,
@@ -94,16 +106,7 @@ CREATE TABLE admin_events (
     epsilon  TEXT NOT NULL,
     delta    TEXT NOT NULL
 );
-""" + "\n;" + """
-CREATE TABLE answers (
-    analyst   TEXT NOT NULL,
-    cache_key TEXT NOT NULL,
-    charge_id TEXT NOT NULL,
-    at        REAL NOT NULL,
-    answer    TEXT,
-    PRIMARY KEY (analyst, cache_key)
-);
-"""
+""" + "\n;" + _ANSWERS
 # v1 -> v2: loss in zCDP form (v1 charges are taken as (ε, δ)-DP: ρ = ε²/2 plus δ outside),
 # renewal windows, and the answer cache.
 _MIGRATE_1_TO_2 = """
@@ -112,15 +115,7 @@ ALTER TABLE accounts ADD COLUMN spent_zcdp_delta TEXT NOT NULL DEFAULT '0';
 ALTER TABLE accounts ADD COLUMN window_start REAL;
 ALTER TABLE charges ADD COLUMN rho TEXT NOT NULL DEFAULT '0';
 ALTER TABLE charges ADD COLUMN zcdp_delta TEXT NOT NULL DEFAULT '0';
-CREATE TABLE answers (
-    analyst   TEXT NOT NULL,
-    cache_key TEXT NOT NULL,
-    charge_id TEXT NOT NULL,
-    at        REAL NOT NULL,
-    answer    TEXT,
-    PRIMARY KEY (analyst, cache_key)
-);
-"""
+""" + _ANSWERS
 
 # Sums of repr'd floats are exact at 50 digits; the rounding mode only matters beyond.
 _UP = decimal.Context(prec=50, rounding=decimal.ROUND_CEILING)

@@ -1,10 +1,11 @@
 """DB-API 2.0 (PEP 249) over an in-process session.
 
->>> import dpproxy                                             # doctest: +SKIP
->>> with dpproxy.connect("policies/demo.toml", analyst="alice") as conn:  # doctest: +SKIP
-...     cur = conn.cursor()
-...     cur.execute("SELECT sex, COUNT(*) FROM adult GROUP BY sex")
-...     cur.fetchall(), cur.accuracy
+    import dpproxy
+
+    with dpproxy.connect("policies/demo.toml", analyst="alice") as conn:
+        cur = conn.cursor()
+        cur.execute("SELECT sex, COUNT(*) FROM adult GROUP BY sex")
+        print(cur.fetchall(), cur.accuracy)
 
 Parameters use the `pyformat` style (`%s`, `%(name)s`) and are bound into the
 parsed query as literals, never spliced into the SQL text. Every error is a
@@ -40,7 +41,7 @@ threadsafety = 1  # threads may share the module; give each thread its own conne
 paramstyle = "pyformat"
 
 __all__ = [
-    "BINARY", "DATETIME", "NUMBER", "ROWID", "STRING", "Binary", "Connection", "Cursor",
+    "BINARY", "BOOLEAN", "DATETIME", "NUMBER", "ROWID", "STRING", "Binary", "Connection", "Cursor",
     "DataError", "DatabaseError", "Date", "DateFromTicks", "Error", "IntegrityError",
     "InterfaceError", "InternalError", "NotSupportedError", "OperationalError",
     "ProgrammingError", "Time", "TimeFromTicks", "Timestamp", "TimestampFromTicks", "Warning",

@@ -14,7 +14,7 @@ The textbook thresholds (for continuous noise) are `laplace_threshold` and
 the exact tail of the discrete noise with the exact sampler parameter:
 
 >>> round(laplace_threshold(1.0, 1e-5, 1), 1), round(laplace_threshold(1.0, 1e-5, 5), 1)
-(11.8, 63.2)
+(11.8, 63.1)
 >>> sigma, tau = gaussian_threshold(1.0, 1e-5, 5)
 >>> round(sigma, 2), round(tau, 1)
 (8.69, 42.3)

@@ -146,6 +146,7 @@ class Connection:
         return self._session is None
 
     def cursor(self) -> Cursor:
+        self.session  # noqa: B018 - raises on a closed connection
         return Cursor(self)
 
     def execute(self, sql: str, params: Parameters = None) -> Cursor:
@@ -174,6 +175,11 @@ class Connection:
     def __del__(self) -> None:
         if getattr(self, "_session", None) is not None:
             self.close()
+
+
+def unescape_percent(sql: str) -> str:
+    """With parameters, pyformat spells a literal % as %% (as psycopg does)."""
+    return sql.replace("%%", "%")
 
 
 def _type_code(values: Sequence[Any]) -> str | None:
@@ -245,6 +251,8 @@ class Cursor:
     def execute(self, sql: str, params: Parameters = None) -> Cursor:
         session = self._check()
         self._result = None
+        if params is not None:
+            sql = unescape_percent(sql)
         self._result = session.execute(sql, params)
         self._position = 0
         return self

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -56,7 +57,19 @@ def _tokens(sql: str) -> list[Token]:
     try:
         return sqlglot.Dialect.get_or_raise(DIALECT).tokenize(sql)
     except TokenError as exc:
-        raise SyntaxError(f"syntax error: {exc}") from None
+        raise SyntaxError(f"syntax error: {exc}", position=_unclosed_quote(sql)) from None
+
+
+def _unclosed_quote(sql: str) -> int:
+    """1-based position of the quote that opens an unterminated literal (else 1)."""
+    quote: str | None = None
+    start = 0
+    for i, ch in enumerate(sql):
+        if quote is None and ch in "'\"":
+            quote, start = ch, i
+        elif ch == quote:
+            quote = None  # a doubled quote closes and reopens: same result
+    return start + 1 if quote is not None else 1
 
 
 def split_statements(sql: str) -> list[tuple[str, list[Token], int]]:
@@ -107,7 +120,7 @@ def _classify(text: str, tokens: list[Token], params: Parameters) -> Statement:
     if first in _TRANSACTION_WORDS:
         return Statement("transaction", text, tag=_transaction_tag(first))
     if first in _NOOP_WORDS:
-        return Statement("noop", text, tag=" ".join(t.text.upper() for t in tokens[:2]))
+        return Statement("noop", text, tag=_noop_tag(first, _word(tokens, 1)))
     # The tokenizer hands what follows a command word over as one string token, so the
     # rest of a SHOW, RESET or EXPLAIN is read off the text after the first token.
     rest = text[tokens[0].end + 1:].strip()
@@ -131,11 +144,26 @@ def _classify(text: str, tokens: list[Token], params: Parameters) -> Statement:
         if skip >= len(inner_tokens):
             raise SyntaxError("EXPLAIN needs a query")
         inner = rest[inner_tokens[skip].start:]
-        return Statement("explain", text, ast=_parse_query(inner, params), tag="EXPLAIN")
+        try:
+            ast = _parse_query(inner, params)
+        except SyntaxError as exc:
+            if exc.position is not None:  # relative to the statement, not the inner query
+                exc.position += len(text) - len(inner)
+            raise
+        return Statement("explain", text, ast=ast, tag="EXPLAIN")
     ast = _parse_query(text, params)
     if _is_advisory_unlock(ast):
         return Statement("noop", text, ast=ast, tag="SELECT 1")
     return Statement("select", text, ast=ast, tag="SELECT")
+
+
+def _noop_tag(first: str, second: str) -> str:
+    """PostgreSQL's command tag for a statement answered as a no-op."""
+    if first == "CLOSE":
+        return "CLOSE CURSOR ALL" if second == "ALL" else "CLOSE CURSOR"
+    if first in ("DISCARD", "DEALLOCATE") and second == "ALL":
+        return f"{first} ALL"
+    return first
 
 
 def _transaction_tag(word: str) -> str:
@@ -195,6 +223,10 @@ def _parse_query(text: str, params: Parameters) -> exp.Expression:
     if isinstance(ast, exp.Command):
         raise NotSupportedError(f"{ast.name.upper()} is not supported",
                                 hint="dpproxy answers SELECT queries with aggregates")
+    if isinstance(ast, exp.Condition | exp.Alias | exp.Identifier):
+        # a bare expression ("garbage here" parses as a column with an alias): not SQL
+        first = text.split()[0] if text.split() else text
+        raise SyntaxError(f"syntax error at or near {first!r}", position=1)
     if isinstance(ast, _WRITE_KINDS):
         raise PrivacyViolation(f"{ast.key.upper()} is not allowed: dpproxy is read-only",
                                hint="dpproxy answers SELECT queries with aggregates")
@@ -265,8 +297,8 @@ def to_literal(value: Any) -> exp.Expression:
     if isinstance(value, bool):
         return exp.Boolean(this=value)
     if isinstance(value, int | float | decimal.Decimal):
-        if isinstance(value, float) and value != value:
-            raise ProgrammingError("NaN is not a valid parameter")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ProgrammingError(f"{value} is not a valid parameter: use a finite number")
         node = exp.Literal.number(abs(value))
         return exp.Neg(this=node) if value < 0 else node
     if isinstance(value, dt.datetime):

@@ -8,6 +8,9 @@ Relative paths in the file are relative to the file's own folder.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import datetime as dt
 import hashlib
 import json
 import math
@@ -206,6 +209,19 @@ _VALUE_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+def _date_value(col: _Checker, index: int, value: Any) -> str:
+    """A date public value as its ISO text (keys are matched as ISO text)."""
+    if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, str):
+        try:
+            return dt.date.fromisoformat(value).isoformat()
+        except ValueError:
+            pass
+    col.fail("public_values", f"item {index} ({value!r}) is not a date (YYYY-MM-DD)")
+    raise AssertionError  # fail() raised
+
+
 def _column(table: _Checker, name: str) -> ColumnPolicy:
     spec = table.data[name]
     if not isinstance(spec, dict):
@@ -222,6 +238,8 @@ def _column(table: _Checker, name: str) -> ColumnPolicy:
         col.fail("lower", f"lower ({lower:g}) must not exceed upper ({upper:g})")
     values = col.get("public_values", list)
     public: tuple[Any, ...] | None = None
+    if values is not None and ctype == "date":
+        values = [_date_value(col, i, v) for i, v in enumerate(values)]
     if values is not None:
         allowed = _VALUE_TYPES[ctype]
         for i, value in enumerate(values):
@@ -262,6 +280,21 @@ def _table(top: _Checker, name: str, spec: Any) -> TablePolicy:
     return TablePolicy(name, columns, public, unit, groups, rows, _budget(t, "total_budget"))
 
 
+def _is_scram_verifier(text: str) -> bool:
+    """PostgreSQL's verifier format, with 32-byte keys."""
+    try:
+        method, rest = text.split("$", 1)
+        params, keys = rest.split("$", 1)
+        iterations, salt = params.split(":", 1)
+        stored, server = keys.split(":", 1)
+        return (method == "SCRAM-SHA-256" and int(iterations) > 0
+                and len(base64.b64decode(salt, validate=True)) > 0
+                and len(base64.b64decode(stored, validate=True)) == 32
+                and len(base64.b64decode(server, validate=True)) == 32)
+    except (ValueError, binascii.Error):
+        return False
+
+
 def _analyst(top: _Checker, name: str, spec: Any, tables: Mapping[str, TablePolicy]
              ) -> AnalystPolicy:
     if not isinstance(spec, dict):
@@ -271,6 +304,8 @@ def _analyst(top: _Checker, name: str, spec: Any, tables: Mapping[str, TablePoli
     role = a.choice("role", ROLES, "analyst")
     granted = a.get("tables", list, [])
     for table in granted:
+        if not isinstance(table, str):
+            a.fail("tables", f"must list table names (strings), got {table!r}")
         if table not in tables:
             a.fail("tables", f"{table!r} is not a table of this policy; tables: "
                    f"{', '.join(tables) or 'none'}")
@@ -279,8 +314,10 @@ def _analyst(top: _Checker, name: str, spec: Any, tables: Mapping[str, TablePoli
         a.fail("budget", "an analyst granted private tables needs a budget = { epsilon = …, "
                "delta = … }")
     scram = a.get("password_scram", str)
-    if scram is not None and not scram.startswith("SCRAM-SHA-256$"):
-        a.fail("password_scram", "must be a SCRAM-SHA-256 verifier (never a plain password)")
+    if scram is not None and not _is_scram_verifier(scram):
+        a.fail("password_scram", "must be a SCRAM-SHA-256 verifier "
+               "(SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>, base64; "
+               "`dpproxy analyst passwd` makes one) — never a plain password")
     return AnalystPolicy(name, role, tuple(granted), budget, scram)  # type: ignore[arg-type]
 
 
@@ -321,6 +358,11 @@ def load_policy(path: str | Path) -> Policy:
         raw = tomllib.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InvalidPolicy(f"{file}: no such policy file") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidPolicy(f"{file}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+                            ) from None
+    except OSError as exc:
+        raise InvalidPolicy(f"{file}: cannot read the policy file: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise InvalidPolicy(f"{file}: not valid TOML: {exc}") from None
     return parse_policy(raw, file)

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from sqlglot import exp
 
-from .errors import NotSupportedError
+from .errors import InvalidTextRepresentation, NotSupportedError
 
 OUTPUT_FUNCTIONS_HELP = (
     "+ - * / %, ROUND, ABS, FLOOR, CEIL, SQRT, POWER, LEAST, GREATEST, COALESCE, NULLIF, CASE, "
@@ -57,12 +57,18 @@ def output_name(item: exp.Expression) -> str:
     """The column name PostgreSQL gives a select-list item: alias, column, function, ?column?."""
     if isinstance(item, exp.Alias):
         return item.alias
+    if isinstance(item, exp.Paren):
+        return output_name(item.this)
     if isinstance(item, exp.Column):
         return item.name
     if isinstance(item, exp.Cast):
-        return output_name(item.this)
+        # PostgreSQL names a cast after its argument, or else after the target type
+        inner = output_name(item.this)
+        return inner if inner != "?column?" else _PG_TYPE_NAMES.get(item.to.this, inner)
     if isinstance(item, exp.Count | exp.Sum | exp.Avg | exp.Min | exp.Max):
         return item.key.lower()
+    if isinstance(item, exp.Anonymous):
+        return item.name.lower()
     if isinstance(item, exp.Func) and not isinstance(item, exp.Binary):
         return item.sql_name().lower()
     return "?column?"
@@ -77,9 +83,26 @@ def check_output_expression(node: exp.Expression, check_key: Callable[[exp.Colum
         check_key(node)
         return
     if type(node) not in _HANDLERS:
-        what = node.sql_name() if isinstance(node, exp.Func) else node.sql("postgres")
+        if isinstance(node, exp.Anonymous):
+            what = f"function {node.name}"
+        elif isinstance(node, exp.Func):
+            what = node.sql_name()
+        else:
+            what = node.sql("postgres")
         raise NotSupportedError(f"{what} is not supported on query outputs",
                                 hint=f"supported: {OUTPUT_FUNCTIONS_HELP}")
+    if isinstance(node, exp.Cast) and node.to.this not in _CAST_TYPES:
+        raise NotSupportedError(f"CAST to {node.to.sql('postgres')} is not supported on outputs",
+                                hint="cast to a number, text or boolean type")
+    if isinstance(node, _COMPARISON_NODES):
+        for literal, other in ((node.this, node.expression), (node.expression, node.this)):
+            if isinstance(literal, exp.Literal) and literal.is_string \
+                    and other.find(exp.AggFunc, AggregateRef) is not None:
+                try:
+                    float(literal.this)
+                except ValueError:
+                    raise InvalidTextRepresentation(
+                        f"invalid input syntax for a number: {literal.this!r}") from None
     for child in node.iter_expressions():
         if isinstance(child, exp.DataType | exp.Var):
             continue
@@ -138,8 +161,8 @@ def _modulo(a: Value, b: Value) -> Value:
 
 def _round(node: exp.Round, env: Env) -> Value:
     value = _ev(node.this, env)
-    digits = _ev(node.args.get("decimals"), env) or 0
-    if value is None:
+    digits = _ev(node.args.get("decimals"), env) if node.args.get("decimals") else 0
+    if value is None or digits is None:
         return None
     if isinstance(value, float) and not math.isfinite(value):
         return value
@@ -176,6 +199,11 @@ def _compare(op: Callable[[Value, Value], bool]) -> Callable[[exp.Expression, En
         a, b = _ev(node.this, env), _ev(node.expression, env)
         if a is None or b is None:
             return None
+        # a quoted literal compared with a number is read as a number (checked numeric)
+        if isinstance(a, str) and isinstance(b, int | float) and not isinstance(b, bool):
+            a = float(a)
+        elif isinstance(b, str) and isinstance(a, int | float) and not isinstance(a, bool):
+            b = float(b)
         try:
             return op(a, b)
         except TypeError:
@@ -205,9 +233,8 @@ def _not(node: exp.Not, env: Env) -> Value:
 def _is(node: exp.Is, env: Env) -> Value:
     value = _ev(node.this, env)
     target = node.expression
-    if isinstance(target, exp.Null):
-        return value is None
-    return value is _ev(target, env)
+    result = value is None if isinstance(target, exp.Null) else value is _ev(target, env)
+    return not result if node.args.get("negate") else result
 
 
 def _case(node: exp.Case, env: Env) -> Value:
@@ -321,8 +348,16 @@ _CAST_TYPES = {
     exp.DataType.Type.VARCHAR: "text", exp.DataType.Type.CHAR: "text",
     exp.DataType.Type.BOOLEAN: "bool",
 }
-_BOOL_NODES = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.And, exp.Or, exp.Not,
-               exp.Is)
+# PostgreSQL's own names for types, which name an unnamed cast's output column
+_PG_TYPE_NAMES = {
+    exp.DataType.Type.SMALLINT: "int2", exp.DataType.Type.INT: "int4",
+    exp.DataType.Type.BIGINT: "int8", exp.DataType.Type.FLOAT: "float8",
+    exp.DataType.Type.DOUBLE: "float8", exp.DataType.Type.DECIMAL: "numeric",
+    exp.DataType.Type.TEXT: "text", exp.DataType.Type.VARCHAR: "varchar",
+    exp.DataType.Type.CHAR: "bpchar", exp.DataType.Type.BOOLEAN: "bool",
+}
+_COMPARISON_NODES = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
+_BOOL_NODES = (*_COMPARISON_NODES, exp.And, exp.Or, exp.Not, exp.Is)
 
 
 def infer_type(node: exp.Expression, aggregate_types: Mapping[str, str],

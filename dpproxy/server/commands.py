@@ -1,0 +1,111 @@
+"""`dpproxy serve` and `dpproxy analyst passwd`, registered into the CLI's parser."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from .. import errors
+from ..policy import Policy, ServerSettings, load_policy
+
+# The bundled demo policy stores a verifier of this password for alice (and only a
+# verifier): `serve` prints it when the policy's verifier matches, so it never goes stale.
+DEMO_PASSWORD = "alice-demo"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
+             with_policy: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Add the server's subcommands to the `dpproxy` parser."""
+    s = sub.add_parser("serve", help="serve the PostgreSQL protocol: connect with psql, "
+                                     "psycopg, asyncpg, SQLAlchemy, BI tools")
+    with_policy(s)
+    s.add_argument("--host", help="listen address (default: the policy's, else 127.0.0.1)")
+    s.add_argument("--port", type=int, help="listen port (default: the policy's, else 6432)")
+    s.add_argument("--tls-cert", type=Path, help="TLS certificate (PEM)")
+    s.add_argument("--tls-key", type=Path, help="TLS private key (PEM)")
+    s.add_argument("--log-level", default="INFO",
+                   choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    s.set_defaults(func=cmd_serve)
+
+    a = sub.add_parser("analyst", help="analyst accounts")
+    asub = a.add_subparsers(dest="analyst_command", required=True, metavar="ACTION")
+    p = asub.add_parser("passwd", help="set an analyst's password for `serve` (stored only as "
+                                       "a SCRAM-SHA-256 verifier)")
+    with_policy(p)
+    p.add_argument("name", help="the analyst")
+    p.add_argument("--password-stdin", action="store_true",
+                   help="read the password from the first line of standard input")
+    p.set_defaults(func=cmd_passwd)
+
+
+def how_to_connect(policy: Policy, settings: ServerSettings, port: int) -> str:
+    """What `serve` prints: a psql command line and, for the demo, its password."""
+    from .scram import verify_password
+
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    analysts = [a for a in policy.analysts.values() if a.role != "admin" and a.tables] \
+        or list(policy.analysts.values())
+    analyst = analysts[0]
+    tls = "?sslmode=require" if settings.tls_cert is not None else ""
+    lines = [f"dpproxy is serving database \"{policy.database}\" on {settings.host}:{port}.",
+             "Connect with:", "",
+             f"  psql \"postgresql://{analyst.name}@{host}:{port}/{policy.database}{tls}\"", ""]
+    verifier = analyst.password_scram
+    if verifier is not None and verify_password(DEMO_PASSWORD, verifier):
+        lines.append(f"password: {DEMO_PASSWORD}  (the demo password of {analyst.name})")
+    elif settings.trust_loopback:
+        lines.append("no password needed from this machine (server.trust_loopback)")
+    else:
+        lines.append(f"set a password first: dpproxy analyst passwd {analyst.name}")
+    if "adult" in analyst.tables:
+        lines += ["", "Then try:  SELECT occupation, COUNT(*) FROM adult GROUP BY occupation;"]
+    lines.append("Stop with Ctrl-C.")
+    return "\n".join(lines)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ..session import Engine
+    from .server import make_ssl_context, serve, settings_with
+
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    policy = load_policy(args.policy)
+    settings = settings_with(policy, args.host, args.port, args.tls_cert, args.tls_key)
+    make_ssl_context(settings)  # a bad certificate fails before anything is built
+    backend = policy.backend
+    if backend.demo_seed is not None and backend.path is not None and not backend.path.exists():
+        from ..demo import ensure_demo
+
+        ensure_demo(backend.path, seed=backend.demo_seed,
+                    progress=lambda message: print(f"demo: {message}", file=sys.stderr))
+    with Engine(policy) as engine:
+        def announce(server: object) -> None:
+            print(how_to_connect(policy, settings, getattr(server, "port", settings.port)),
+                  flush=True)
+
+        serve(engine, settings, announce)
+    return 0
+
+
+def cmd_passwd(args: argparse.Namespace) -> int:
+    from .credentials import CredentialStore
+
+    policy = load_policy(args.policy)
+    if args.name not in policy.analysts:
+        raise errors.UndefinedObject(f"analyst {args.name!r} is not in policy "
+                                     f"{policy.path.name}",
+                                     hint=f"analysts: {', '.join(sorted(policy.analysts))}")
+    if args.password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    else:
+        password = getpass.getpass(f"New password for {args.name}: ")
+        if getpass.getpass("Again: ") != password:
+            raise errors.InterfaceError("the passwords do not match; nothing was changed")
+    CredentialStore(policy).set_password(args.name, password)
+    print(f"password set for {args.name} (stored as a SCRAM-SHA-256 verifier in "
+          f"{policy.ledger_path.name})")
+    return 0

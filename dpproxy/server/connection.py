@@ -1,0 +1,848 @@
+"""One client connection: startup, SCRAM authentication, simple and extended query.
+
+Every statement goes, in order, to the admin commands (`admin`), the catalog
+built from the policy (`catalog`), then the analyst's `Session`; nothing is
+passed through to the backend. Statements run in the server's worker
+threads (`jobs`), so one slow query never stalls other clients; while one
+runs, the connection still reads its socket, to notice a client that leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import decimal
+import functools
+import ipaddress
+import logging
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .. import __version__, errors
+from ..parse import split_statements
+from ..session import Description, Result
+from . import admin, codec, paramtypes
+from .codec import (
+    BackendKeyData,
+    Bind,
+    Close,
+    CloseComplete,
+    CommandComplete,
+    CopyData,
+    CopyDone,
+    CopyFail,
+    DataRow,
+    Describe,
+    EmptyQueryResponse,
+    ErrorResponse,
+    Execute,
+    Field,
+    Flush,
+    FunctionCall,
+    GSSENCRequest,
+    Message,
+    NegotiateProtocolVersion,
+    NoData,
+    NoticeResponse,
+    ParameterDescription,
+    ParameterStatus,
+    Parse,
+    ParseComplete,
+    PasswordMessage,
+    PortalSuspended,
+    ProtocolViolation,
+    Query,
+    ReadyForQuery,
+    RowDescription,
+    SASLInitialResponse,
+    SSLRequest,
+    StartupMessage,
+    Sync,
+    Terminate,
+)
+from .jobs import Job, QueryCanceled
+from .scram import MECHANISM, ScramError, ScramExchange, mock_verifier, parse_verifier
+
+if TYPE_CHECKING:
+    from ..session import Session
+    from .server import Server
+
+log = logging.getLogger("dpproxy.server")
+T = TypeVar("T")
+
+SERVER_VERSION = f"15.0 (dpproxy {__version__})"  # clients parse the leading number
+AUTH_TIMEOUT_S = 60.0  # PostgreSQL's authentication_timeout
+READ_SIZE = 256 * 1024
+FLUSH_AT = 256 * 1024  # bytes of pending output that trigger a write mid-result
+
+
+class ClientGone(Exception):
+    """The client closed the connection (or it broke)."""
+
+
+class IdleTimeout(Exception):
+    """The client sent nothing for longer than the idle limit."""
+
+
+class ServerError(errors.Error):
+    """An error of the server layer, with its own SQLSTATE."""
+
+    def __init__(self, sqlstate: str, message: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.sqlstate = sqlstate
+
+
+class FatalError(ServerError):
+    """An error that ends the connection (sent with severity FATAL)."""
+
+
+def _transaction_words(text: str) -> tuple[str, str]:
+    """The first two words of a statement, upper case: enough to track BEGIN/COMMIT/
+    ROLLBACK [TO]. Only keywords are read, so splitting on whitespace is enough."""
+    words = text.split(None, 2)
+    first = words[0].upper().rstrip(";") if words else ""
+    second = words[1].upper().rstrip(";") if len(words) > 1 else ""
+    return first, second
+
+
+@dataclass
+class PreparedStatement:
+    name: str
+    sql: str  # the one statement ("" for an empty query)
+    param_oids: tuple[int, ...]
+    words: tuple[str, str]
+    description: Description | None = None
+
+
+@dataclass
+class Portal:
+    name: str
+    statement: PreparedStatement
+    params: list[Any]
+    result_formats: tuple[int, ...]
+    result: Result | None = None
+    position: int = 0
+    notices_sent: bool = False
+
+
+@dataclass(frozen=True)
+class _Shape:
+    fields: tuple[Field, ...]
+    encoders: list[Callable[[Any], bytes | None]]
+
+
+_DUMMY_VALUES: dict[int, Any] = {
+    codec.INT2: 0, codec.INT4: 0, codec.INT8: 0, codec.OID: 0, codec.FLOAT4: 0.0,
+    codec.FLOAT8: 0.0, codec.NUMERIC: decimal.Decimal(0), codec.BOOL: False,
+    codec.DATE: dt.date(2000, 1, 1), codec.TIMESTAMP: dt.datetime(2000, 1, 1),
+}
+
+
+def _dummy_parameters(oids: Sequence[int]) -> list[Any] | None:
+    """Values of the right types to describe a statement before its parameters are bound."""
+    return [_DUMMY_VALUES.get(oid, "") for oid in oids] if oids else None
+
+
+def _formats(codes: Sequence[int], count: int) -> list[int]:
+    if not codes:
+        return [codec.TEXT] * count
+    if len(codes) == 1:
+        return [codes[0]] * count
+    if len(codes) != count:
+        raise ServerError("08P01", f"bind message has {len(codes)} result formats but query has "
+                          f"{count} columns")
+    return list(codes)
+
+
+def _columns(names: Sequence[str], types: Sequence[str], formats: Sequence[int]) -> _Shape:
+    fields, encoders = [], []
+    for i, name in enumerate(names):
+        pg = codec.pg_type(types[i] if i < len(types) else "text")
+        fields.append(Field(name, pg.oid, pg.size, formats[i]))
+        encoders.append(codec.value_encoder(pg.oid, formats[i]))
+    return _Shape(tuple(fields), encoders)
+
+
+def _loopback(peer: Any) -> bool:
+    try:
+        return ipaddress.ip_address(peer[0]).is_loopback
+    except (TypeError, ValueError, IndexError):
+        return False  # a Unix socket or an unknown peer is never trusted
+
+
+def _startup_options(parameters: dict[str, str]) -> dict[str, str]:
+    """dpproxy.* settings from the startup packet: as parameters of their own, or in
+    `options` as `-c name=value` / `--name=value` (what libpq's PGOPTIONS sends)."""
+    found = {k: v for k, v in parameters.items() if k.lower().startswith("dpproxy.")}
+    try:
+        words = shlex.split(parameters.get("options", ""))
+    except ValueError:
+        raise FatalError("22023", "invalid options in the startup packet") from None
+    pending_c = False
+    for word in words:
+        if word == "-c":
+            pending_c = True
+            continue
+        setting = word[2:] if word.startswith("--") else word[2:] if word.startswith("-c") \
+            else word if pending_c else ""
+        pending_c = False
+        name, sep, value = setting.partition("=")
+        if sep and name.lower().startswith("dpproxy."):
+            found[name] = value
+    return found
+
+
+class ClientConnection:
+    """The state of one client: its session, catalog, prepared statements and portals."""
+
+    def __init__(self, server: Server, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter) -> None:
+        self.server = server
+        self._reader, self._writer = reader, writer
+        self._loop = asyncio.get_running_loop()
+        self._buffer = bytearray()
+        self._out = bytearray()
+        self._read_task: asyncio.Future[bytes] | None = None
+        self._eof = False
+        self.peer = writer.get_extra_info("peername")
+        self.tls = False
+        self.process_id = 0
+        self.secret_key = 0
+        self.user = ""
+        self._session: Session | None = None
+        self._catalog: Any = None
+        self._role = "analyst"
+        self._status = "I"
+        self._skip_until_sync = False
+        self._statements: dict[str, PreparedStatement] = {}
+        self._portals: dict[str, Portal] = {}
+        self._job: Job | None = None
+        self._orphan: asyncio.Future[Any] | None = None
+        self._idle = False
+        self.stopping = False
+        self.task: asyncio.Task[None] | None = None
+
+    # I/O ------------------------------------------------------------------------------------
+    def _send(self, message: Message) -> None:
+        self._out += message.encode()
+
+    async def _flush(self) -> None:
+        if not self._out:
+            return
+        data = bytes(self._out)
+        self._out.clear()
+        try:
+            self._writer.write(data)
+            await self._writer.drain()
+        except (ConnectionError, OSError, RuntimeError):
+            raise ClientGone from None
+
+    def _pending_read(self) -> asyncio.Future[bytes]:
+        if self._read_task is None:
+            self._read_task = asyncio.ensure_future(self._reader.read(READ_SIZE))
+        return self._read_task
+
+    def _consume_read(self) -> None:
+        task, self._read_task = self._read_task, None
+        assert task is not None and task.done()
+        try:
+            data = task.result()
+        except (ConnectionError, OSError, asyncio.IncompleteReadError):
+            data = b""
+        if data:
+            self._buffer += data
+        else:
+            self._eof = True
+
+    async def _next_message(self, parse: Callable[[bytearray], tuple[Any, int]],
+                            timeout: float | None) -> Any:
+        while True:
+            message, used = parse(self._buffer)
+            if message is not None:
+                del self._buffer[:used]
+                return message
+            if self._eof:
+                if self._buffer:
+                    log.info("connection %s: closed mid-message (%d bytes pending)",
+                             self.peer, len(self._buffer))
+                raise ClientGone
+            await self._flush()
+            read = self._pending_read()
+            self._idle = not self._buffer
+            try:
+                done, _ = await asyncio.wait({read}, timeout=timeout)
+            finally:
+                self._idle = False
+            if not done:
+                raise IdleTimeout
+            self._consume_read()
+
+    # lifecycle --------------------------------------------------------------------------------
+    async def run(self) -> None:
+        try:
+            if await self._startup():
+                await self._serve()
+        except ClientGone:
+            log.info("connection %s (%s): client went away", self.peer, self.user or "-")
+        except IdleTimeout:
+            await self._fatal(
+                FatalError("57P05", "terminating connection due to idle-session timeout")
+                if self._session is not None else
+                FatalError("57014", "canceling authentication due to timeout"))
+        except (FatalError, ProtocolViolation) as exc:
+            await self._fatal(exc)
+        except asyncio.CancelledError:
+            # Server shutdown: tell the client why, as PostgreSQL does.
+            await self._fatal(FatalError("57P01", "terminating connection due to "
+                                         "administrator command"))
+        except Exception:
+            log.exception("connection %s: internal error", self.peer)
+            await self._fatal(FatalError("XX000", "internal error"))
+        finally:
+            if self._read_task is not None:
+                self._read_task.cancel()
+            if self._catalog is not None:
+                with contextlib.suppress(Exception):
+                    self._catalog.close()
+            self.server.release(self)
+            with contextlib.suppress(ConnectionError, OSError, RuntimeError):
+                self._writer.close()
+
+    async def _fatal(self, exc: errors.Error) -> None:
+        log.info("connection %s (%s): %s %s", self.peer, self.user or "-", exc.sqlstate,
+                 exc.message)
+        self._send(ErrorResponse.from_error(exc, "FATAL"))
+        with contextlib.suppress(TimeoutError, ClientGone):
+            await asyncio.wait_for(self._flush(), timeout=5)
+
+    def cancel(self) -> None:
+        """A CancelRequest for this connection: stop the running statement unless it has
+        been charged (then it finishes and is delivered). A queued job stops as it starts,
+        a running one at its charge; the thread is never abandoned, so the session never
+        runs two statements at once."""
+        if self._job is not None and self._job.try_cancel() and self._catalog is not None:
+            self._catalog.interrupt()  # a catalog query reads nothing private: stop it now
+
+    def shutdown(self) -> None:
+        """Server shutdown: stop now if idle, after the running statement otherwise;
+        a statement not yet charged is cancelled."""
+        self.stopping = True
+        if self._job is not None:
+            self._job.try_cancel("canceling statement due to server shutdown")
+        if self._idle and self.task is not None:
+            self.task.cancel()
+
+    # startup ----------------------------------------------------------------------------------
+    async def _raw(self, data: bytes) -> None:
+        self._out += data
+        await self._flush()
+
+    async def _startup(self) -> bool:
+        ssl_answered = gss_answered = False
+        while True:
+            packet = await self._next_message(codec.parse_startup, AUTH_TIMEOUT_S)
+            if isinstance(packet, SSLRequest):
+                if ssl_answered:
+                    raise ProtocolViolation("duplicate SSLRequest")
+                ssl_answered = True
+                if self._buffer:  # bytes sent before the TLS handshake could be injected
+                    raise ProtocolViolation("received unencrypted data after SSL request")
+                if self.server.ssl_context is None:
+                    await self._raw(b"N")
+                    continue
+                await self._raw(b"S")
+                try:
+                    await self._writer.start_tls(self.server.ssl_context)
+                except (ConnectionError, OSError) as exc:
+                    log.info("connection %s: TLS handshake failed: %s", self.peer, exc)
+                    raise ClientGone from None
+                self.tls = True
+                continue
+            if isinstance(packet, GSSENCRequest):
+                if gss_answered or self.tls:
+                    raise ProtocolViolation("unexpected GSSENCRequest")
+                gss_answered = True
+                await self._raw(b"N")
+                continue
+            if isinstance(packet, codec.CancelRequest):
+                self.server.cancel(packet.process_id, packet.secret_key)
+                return False
+            assert isinstance(packet, StartupMessage)
+            return await self._start_session(packet)
+
+    async def _start_session(self, startup: StartupMessage) -> bool:
+        if startup.major != 3:
+            raise FatalError("0A000", f"unsupported frontend protocol {startup.major}."
+                             f"{startup.minor}: server supports 3.0 to 3.0")
+        parameters = startup.parameters
+        unknown_options = tuple(k for k in parameters if k.startswith("_pq_."))
+        if startup.minor != 0 or unknown_options:
+            self._send(NegotiateProtocolVersion(0, unknown_options))
+        user = parameters.get("user", "")
+        if not user:
+            raise FatalError("28000", "no PostgreSQL user name specified in startup packet")
+        self.user = user
+        if parameters.get("replication", "false").lower() not in ("false", "off", "no", "0"):
+            raise FatalError("0A000", "replication connections are not supported")
+        if not self.server.admit(self):
+            raise FatalError("53300", "sorry, too many clients already",
+                             hint=f"server.max_connections is "
+                                  f"{self.server.settings.max_connections}")
+        settings = self.server.settings
+        if settings.require_tls and not self.tls:
+            raise FatalError("28000", f"connection for user \"{user}\" requires TLS",
+                             hint="connect with sslmode=require")
+        await self._authenticate(user)
+        database = parameters.get("database") or user
+        policy = self.server.engine.policy
+        if database != policy.database:
+            raise FatalError("3D000", f"database \"{database}\" does not exist",
+                             hint=f"this server serves database \"{policy.database}\"")
+        analyst = policy.analysts[user]
+        self._role = analyst.role
+        self._session = self.server.engine.session(user)
+        if parameters.get("application_name"):  # for SHOW and current_setting()
+            self._session.client_settings["application_name"] = parameters["application_name"]
+        try:
+            for name, value in _startup_options(parameters).items():
+                self._session.set_option(name, value)
+        except errors.Error as exc:
+            raise FatalError(exc.sqlstate, exc.message, hint=exc.hint) from None
+        # The catalog reads the session's client settings (SHOW, current_setting) and
+        # writes them (set_config), so both see one set.
+        self._catalog = await self._call(functools.partial(
+            self.server.catalog_factory, policy, analyst, database=database, user=user,
+            server_version=SERVER_VERSION, settings=self._session.client_settings,
+            backend_pid=self.process_id))
+        statuses = {
+            "application_name": parameters.get("application_name", ""),
+            "client_encoding": "UTF8", "DateStyle": "ISO, MDY",
+            "default_transaction_read_only": "on", "in_hot_standby": "off",
+            "integer_datetimes": "on", "IntervalStyle": "postgres", "is_superuser": "off",
+            "server_encoding": "UTF8", "server_version": SERVER_VERSION,
+            "session_authorization": user, "standard_conforming_strings": "on",
+            "TimeZone": "UTC",
+        }
+        for name, value in statuses.items():
+            self._send(ParameterStatus(name, value))
+        self._send(BackendKeyData(self.process_id, self.secret_key))
+        self._send(ReadyForQuery(self._status))
+        await self._flush()
+        log.info("connection %s: %s connected%s", self.peer, user, " over TLS" if self.tls
+                 else "")
+        return True
+
+    async def _authenticate(self, user: str) -> None:
+        """SCRAM-SHA-256 (or trust from loopback, when the policy says so); raises
+        FatalError 28P01 on any failure."""
+        policy = self.server.engine.policy
+        known = user in policy.analysts
+        if known and self.server.settings.trust_loopback and _loopback(self.peer):
+            self._send(codec.Authentication(codec.AUTH_OK))
+            return
+        text = await self._call(self.server.credentials.verifier, user) if known else None
+        verifier = None
+        if text is not None:
+            try:
+                verifier = parse_verifier(text)
+            except ValueError:
+                log.error("the stored verifier of %s is malformed", user)
+        if known and text is None:
+            log.info("%s has no password: set one with `dpproxy analyst passwd %s`", user, user)
+        # An unknown user or one without a password goes through the same exchange with a
+        # verifier nothing matches, so the answer does not say which part was wrong.
+        exchange = ScramExchange(verifier or mock_verifier(user, self.server.secret),
+                                 valid=verifier is not None)
+        self._send(codec.Authentication.sasl([MECHANISM]))
+        message = await self._next_message(codec.parse_frontend, AUTH_TIMEOUT_S)
+        if not isinstance(message, PasswordMessage):
+            raise ProtocolViolation("expected a SASLInitialResponse")
+        initial = SASLInitialResponse.from_password_message(message)
+        if initial.mechanism != MECHANISM:
+            raise ProtocolViolation("client selected an invalid SASL authentication mechanism")
+        try:
+            self._send(codec.Authentication(codec.AUTH_SASL_CONTINUE,
+                                            exchange.first(initial.response or b"")))
+            message = await self._next_message(codec.parse_frontend, AUTH_TIMEOUT_S)
+            if not isinstance(message, PasswordMessage):
+                raise ProtocolViolation("expected a SASLResponse")
+            final = exchange.final(message.data)
+        except ScramError as exc:
+            log.info("connection %s: authentication of %r failed: %s", self.peer, user, exc)
+            raise FatalError("28P01", f"password authentication failed for user \"{user}\"") \
+                from None
+        self._send(codec.Authentication(codec.AUTH_SASL_FINAL, final))
+        self._send(codec.Authentication(codec.AUTH_OK))
+
+    # running statements off the loop ----------------------------------------------------------
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(*args)` in a worker thread as a cancellable job, bounded by the statement
+        timeout, while watching the socket for a client that leaves."""
+        if self._orphan is not None:
+            # A statement abandoned by a timeout may still be running in its thread; the
+            # session runs one statement at a time.
+            await asyncio.wait({self._orphan})
+            self._orphan = None
+        job = Job()
+        future = self._loop.run_in_executor(self.server.executor, job.run, fn, *args)
+        future.add_done_callback(_retrieve)
+        self._job = job
+        try:
+            return await self._await_job(job, future)
+        finally:
+            self._job = None
+
+    async def _await_job(self, job: Job, future: asyncio.Future[T]) -> T:
+        timeout = self.server.settings.statement_timeout_s or None
+        deadline = self._loop.time() + timeout if timeout else None
+        while True:
+            waiting: set[asyncio.Future[Any]] = {future}
+            if not self._eof:
+                waiting.add(self._pending_read())
+            remaining = None if deadline is None else max(0.0, deadline - self._loop.time())
+            done, _ = await asyncio.wait(waiting, timeout=remaining,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if future in done:
+                if job.cancelled and not job.charged:
+                    raise QueryCanceled(job.reason, detail="nothing was charged")
+                return future.result()
+            if self._read_task is not None and self._read_task in done:
+                self._consume_read()
+                if self._eof:
+                    # The client left mid-statement: stop it unless it is being charged.
+                    job.try_cancel("client disconnected")
+                    self._orphan = future
+                    raise ClientGone
+                continue
+            charged = not job.try_cancel("canceling statement due to statement timeout")
+            self._orphan = future  # the next statement waits for this one's thread
+            raise QueryCanceled(
+                "canceling statement due to statement timeout",
+                detail="the query had already been charged; its result is withheld" if charged
+                else "nothing was charged",
+                hint=f"server.statement_timeout_s is {timeout:g}")
+
+    def _run_statement(self, text: str, params: list[Any] | None) -> Result:
+        """Worker thread: admin command, catalog query, or the session."""
+        assert self._session is not None
+        command = admin.command(text, params)
+        if command is not None:
+            return admin.run(command, self.server.engine, self.user, self._role)
+        answer = self._catalog.answer(text, params) if self._catalog is not None else None
+        if answer is not None:
+            return answer
+        return self._session.execute(text, params)
+
+    def _describe_statement(self, text: str, oids: Sequence[int],
+                            params: list[Any] | None) -> Description:
+        """Worker thread: the result shape, without running or charging anything."""
+        assert self._session is not None
+        values = params if params is not None else _dummy_parameters(oids)
+        command = admin.command(text, values)
+        if command is not None:
+            return admin.describe(command, self._role)
+        if self._catalog is not None:
+            described = self._catalog.describe(text)
+            if described is not None:
+                return described
+        return self._session.describe(text, values)
+
+    async def _run(self, text: str, words: tuple[str, str], params: list[Any] | None
+                   ) -> Result:
+        """Run one statement, keeping the transaction status as PostgreSQL would."""
+        first, second = words
+        if self._status == "E":
+            if first in ("COMMIT", "END") or (first in ("ROLLBACK", "ABORT")
+                                              and second != "TO"):
+                self._status = "I"
+                return Result(tag="ROLLBACK")
+            if not (first == "ROLLBACK" and second == "TO"):
+                raise ServerError("25P02", "current transaction is aborted, commands ignored until "
+                                  "end of transaction block")
+        result = await self._call(self._run_statement, text, params)
+        if first in ("BEGIN", "START"):
+            if self._status == "T":
+                result.notices.insert(0, "there is already a transaction in progress")
+            self._status = "T"
+        elif first in ("COMMIT", "END", "ABORT") or (first == "ROLLBACK" and second != "TO"):
+            self._status = "I"
+        elif first == "ROLLBACK" and self._status == "E":
+            self._status = "T"
+        limit = self.server.settings.max_result_rows
+        if len(result.rows) > limit:
+            charged = (f"; the query was charged (ε={result.cost.epsilon:g}) and its result "
+                       "is withheld") if result.cost is not None else ""
+            raise ServerError("54000", f"the result has {len(result.rows)} rows, more than this "
+                              f"server allows ({limit}){charged}",
+                              hint="add LIMIT, or raise server.max_result_rows in the policy")
+        return result
+
+    # messages ---------------------------------------------------------------------------------
+    def _send_error(self, exc: BaseException) -> None:
+        if isinstance(exc, errors.Error):
+            self._send(ErrorResponse.from_error(exc))
+        else:
+            log.error("connection %s (%s): internal error", self.peer, self.user,
+                      exc_info=exc)
+            self._send(ErrorResponse.build("ERROR", "XX000", "internal error"))
+        if self._status == "T":
+            self._status = "E"
+
+    def _send_notices(self, result: Result) -> None:
+        for note in result.notices:
+            self._send(NoticeResponse.notice(note))
+
+    async def _send_rows(self, rows: Sequence[Sequence[Any]], columns: _Shape) -> None:
+        encoders = columns.encoders
+        for row in rows:
+            self._send(DataRow(tuple(enc(v) for enc, v in zip(encoders, row, strict=True))))
+            if len(self._out) > FLUSH_AT:
+                await self._flush()
+
+    async def _serve(self) -> None:
+        while True:
+            if self.stopping:
+                raise FatalError("57P01", "terminating connection due to administrator command")
+            message = await self._next_message(
+                codec.parse_frontend, self.server.settings.idle_timeout_s or None)
+            if isinstance(message, Terminate):
+                return
+            if self._skip_until_sync and not isinstance(message, Sync):
+                continue  # after an error in the extended protocol, up to the next Sync
+            if isinstance(message, Query):
+                await self._simple_query(message.sql)
+            elif isinstance(message, Parse | Bind | Describe | Execute | Close):
+                try:
+                    await self._extended(message)
+                except (errors.Error, ValueError) as exc:
+                    self._send_error(exc)
+                    self._skip_until_sync = True
+            elif isinstance(message, Sync):
+                self._skip_until_sync = False
+                if self._status == "I":
+                    self._portals.clear()  # the implicit transaction ends: portals close
+                self._send(ReadyForQuery(self._status))
+                await self._flush()
+            elif isinstance(message, Flush):
+                await self._flush()
+            elif isinstance(message, FunctionCall):
+                self._send_error(errors.NotSupportedError("the function call protocol is not "
+                                                          "supported"))
+                self._send(ReadyForQuery(self._status))
+            elif isinstance(message, CopyData | CopyDone | CopyFail):
+                continue  # PostgreSQL ignores these outside COPY, which never starts here
+            else:
+                raise ProtocolViolation(f"unexpected message type {message.code.decode()!r}")
+
+    # simple query -----------------------------------------------------------------------------
+    async def _simple_query(self, sql: str) -> None:
+        self._statements.pop("", None)
+        self._portals.pop("", None)
+        try:
+            pieces = [piece[0] for piece in split_statements(sql)]
+            if len(pieces) > 1:
+                await self._check_multi(pieces)
+        except errors.Error as exc:
+            self._send_error(exc)
+            pieces = None
+        if pieces == []:
+            self._send(EmptyQueryResponse())
+        for text in pieces or ():
+            try:
+                result = await self._run(text, _transaction_words(text), None)
+            except (errors.Error, ValueError) as exc:
+                self._send_error(exc)
+                break  # the rest of the string is skipped, as in PostgreSQL
+            self._send_notices(result)
+            if result.columns:
+                columns = _columns(result.columns, result.types, [codec.TEXT] * len(
+                    result.columns))
+                self._send(RowDescription(columns.fields))
+                await self._send_rows(result.rows, columns)
+            self._send(CommandComplete(result.tag))
+        if self._status == "I":
+            self._portals.clear()
+        self._send(ReadyForQuery(self._status))
+        await self._flush()
+
+    async def _check_multi(self, pieces: list[str]) -> None:
+        """Several statements in one string: allowed when all but at most one are session
+        statements (SPEC §4), as the session decides for itself."""
+        from ..parse import parse_statements
+
+        def queries() -> int:
+            count = 0
+            for text in pieces:
+                try:
+                    is_session = parse_statements(text)[0].is_session_statement
+                except errors.Error:
+                    is_session = False
+                count += not is_session
+            return count
+
+        if await self._call(queries) > 1:
+            raise errors.NotSupportedError(
+                "several queries in one string are not supported",
+                hint="send one query at a time; each is charged separately")
+
+    # extended query ---------------------------------------------------------------------------
+    async def _extended(self, message: Message) -> None:
+        if isinstance(message, Parse):
+            self._parse(message)
+        elif isinstance(message, Bind):
+            self._bind(message)
+        elif isinstance(message, Describe):
+            await self._describe(message)
+        elif isinstance(message, Execute):
+            await self._execute(message)
+        elif isinstance(message, Close):
+            if message.kind == "S":
+                statement = self._statements.pop(message.name, None)
+                if statement is not None:  # its portals close with it
+                    self._portals = {k: p for k, p in self._portals.items()
+                                     if p.statement is not statement}
+            else:
+                self._portals.pop(message.name, None)
+            self._send(CloseComplete())
+
+    def _parse(self, message: Parse) -> None:
+        if message.name and message.name in self._statements:
+            raise ServerError("42P05", f"prepared statement \"{message.name}\" already exists")
+        pieces = split_statements(message.sql)
+        if len(pieces) > 1:
+            raise errors.SyntaxError("cannot insert multiple commands into a prepared "
+                                     "statement")
+        text = pieces[0][0] if pieces else ""
+        declared = message.param_oids
+        count = max(paramtypes.count_parameters(text), len(declared))
+        oids = list(declared) + [0] * (count - len(declared))
+        if 0 in oids:
+            oids = [o or inferred for o, inferred in zip(oids, self._infer(text, count),
+                                                         strict=True)]
+        self._statements[message.name] = PreparedStatement(
+            message.name, text, tuple(oids), _transaction_words(text))
+        self._send(ParseComplete())
+
+    def _infer(self, text: str, count: int) -> list[int]:
+        """Parameter types the client left open: the catalog's for a catalog statement,
+        else from the policy's column types."""
+        assert self._session is not None
+        types = None
+        if self._catalog is not None and hasattr(self._catalog, "parameter_types"):
+            types = self._catalog.parameter_types(text)
+        if types is not None and len(types) >= count:
+            return [codec.pg_type(t).oid for t in types[:count]]
+        return paramtypes.infer(text, count, self.server.engine.policy, self._session.analyst)
+
+    def _statement(self, name: str) -> PreparedStatement:
+        statement = self._statements.get(name)
+        if statement is None:
+            raise ServerError("26000", f"prepared statement \"{name}\" does not exist")
+        return statement
+
+    def _portal(self, name: str) -> Portal:
+        portal = self._portals.get(name)
+        if portal is None:
+            raise ServerError("34000", f"portal \"{name}\" does not exist")
+        return portal
+
+    def _bind(self, message: Bind) -> None:
+        statement = self._statement(message.statement)
+        if message.portal and message.portal in self._portals:
+            raise ServerError("42P03", f"portal \"{message.portal}\" already exists")
+        oids = statement.param_oids
+        if len(message.params) != len(oids):
+            raise ServerError("08P01", f"bind message supplies {len(message.params)} parameters, "
+                              f"but prepared statement \"{statement.name}\" requires {len(oids)}")
+        if len(message.param_formats) not in (0, 1, len(oids)):
+            raise ServerError("08P01", f"bind message has {len(message.param_formats)} parameter "
+                              f"formats but {len(oids)} parameters")
+        formats = _formats(message.param_formats, len(oids)) if oids else []
+        values = [codec.decode_parameter(raw, oid, fmt, i + 1)
+                  for i, (raw, oid, fmt) in enumerate(zip(message.params, oids, formats,
+                                                          strict=True))]
+        self._portals[message.portal] = Portal(message.portal, statement, values,
+                                               message.result_formats)
+        self._send(codec.BindComplete())
+
+    def _next_is_execute(self, portal: str) -> bool:
+        """Whether the client already sent Execute for this portal right after Describe
+        (psycopg pipelines both): then the statement runs once, not described and run."""
+        try:
+            following, _ = codec.parse_frontend(self._buffer)
+        except ProtocolViolation:
+            return False
+        return isinstance(following, Execute) and following.portal == portal
+
+    async def _describe(self, message: Describe) -> None:
+        if message.kind == "S":
+            statement = self._statement(message.name)
+            if statement.description is None:
+                statement.description = await self._shape(statement, None)
+            shape = statement.description
+            formats = [codec.TEXT] * len(shape.columns)
+            # sent after the shape is known: a rejected statement answers with its error only
+            self._send(ParameterDescription(statement.param_oids))
+        else:
+            portal = self._portal(message.name)
+            if portal.result is None and self._next_is_execute(portal.name) \
+                    and portal.statement.sql:
+                await self._run_portal(portal)
+            if portal.result is not None:
+                shape = Description(portal.result.columns, portal.result.types)
+            else:
+                shape = await self._shape(portal.statement, portal.params)
+            formats = _formats(portal.result_formats, len(shape.columns))
+        if shape.columns:
+            self._send(RowDescription(_columns(shape.columns, shape.types, formats).fields))
+        else:
+            self._send(NoData())
+
+    async def _shape(self, statement: PreparedStatement, params: list[Any] | None
+                     ) -> Description:
+        if not statement.sql:
+            return Description((), ())
+        return await self._call(self._describe_statement, statement.sql, statement.param_oids,
+                                params)
+
+    async def _run_portal(self, portal: Portal) -> None:
+        portal.result = await self._run(portal.statement.sql, portal.statement.words,
+                                        portal.params or None)
+
+    async def _execute(self, message: Execute) -> None:
+        portal = self._portal(message.portal)
+        if not portal.statement.sql:
+            self._send(EmptyQueryResponse())
+            return
+        if portal.result is None:
+            await self._run_portal(portal)
+        result = portal.result
+        assert result is not None
+        if not portal.notices_sent:
+            self._send_notices(result)
+            portal.notices_sent = True
+        if not result.columns:
+            self._send(CommandComplete(result.tag))
+            return
+        rows = result.rows[portal.position:]
+        suspended = 0 < message.max_rows < len(rows)
+        if suspended:
+            rows = rows[:message.max_rows]
+        columns = _columns(result.columns, result.types,
+                           _formats(portal.result_formats, len(result.columns)))
+        await self._send_rows(rows, columns)
+        portal.position += len(rows)
+        if suspended:
+            self._send(PortalSuspended())
+        else:
+            tag = f"SELECT {len(rows)}" if result.tag.startswith("SELECT ") else result.tag
+            self._send(CommandComplete(tag))
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark an abandoned statement's outcome as seen (it was answered with an error)."""
+    if not future.cancelled():
+        future.exception()

@@ -1,0 +1,71 @@
+"""Where analysts' SCRAM verifiers live: the policy (`password_scram`) or the ledger file.
+
+`dpproxy analyst passwd NAME` stores a verifier in a `credentials` table of
+the policy's ledger SQLite file, which then wins over the policy's. Only
+verifiers are stored, never passwords, and nothing here logs either.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from contextlib import closing
+
+from .. import errors
+from ..policy import Policy
+from ..session import open_ledger
+from .scram import DEFAULT_ITERATIONS, make_verifier, parse_verifier
+
+_SCHEMA = ("CREATE TABLE IF NOT EXISTS credentials (analyst TEXT PRIMARY KEY, "
+           "verifier TEXT NOT NULL, updated_at REAL NOT NULL)")
+
+
+class CredentialStore:
+    """Verifiers for one policy's analysts."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self._path = policy.ledger_path
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            return sqlite3.connect(self._path, timeout=30.0)
+        except sqlite3.Error as exc:
+            raise errors.OperationalError(f"cannot open credentials in {self._path}: {exc}") \
+                from None
+
+    def verifier(self, analyst: str) -> str | None:
+        """The analyst's verifier: the one set with `analyst passwd`, else the policy's;
+        None for an unknown analyst or one without a password."""
+        if analyst not in self.policy.analysts:
+            return None
+        if self._path.exists():
+            try:
+                with closing(self._connect()) as db:
+                    row = db.execute("SELECT verifier FROM credentials WHERE analyst = ?",
+                                     (analyst,)).fetchone()
+            except sqlite3.OperationalError:
+                row = None  # no credentials table yet: only the policy's verifiers exist
+            if row is not None:
+                return str(row[0])
+        return self.policy.analysts[analyst].password_scram
+
+    def set_password(self, analyst: str, password: str,
+                     iterations: int = DEFAULT_ITERATIONS) -> None:
+        """Store a fresh verifier for the analyst's password."""
+        if analyst not in self.policy.analysts:
+            raise errors.UndefinedObject(
+                f"analyst {analyst!r} is not in policy {self.policy.path.name}",
+                hint=f"analysts: {', '.join(sorted(self.policy.analysts))}")
+        if not password:
+            raise errors.InvalidParameterValue("the password must not be empty")
+        verifier = make_verifier(password, iterations)
+        parse_verifier(verifier)
+        # Open the ledger first: it creates the file with its schema, and refuses a
+        # SQLite file that is not a ledger, so credentials never land in some other file.
+        open_ledger(self.policy).close()  # creates the file with its schema if it is new
+        with closing(self._connect()) as db, db:
+            db.execute(_SCHEMA)
+            db.execute("INSERT INTO credentials (analyst, verifier, updated_at) VALUES (?, ?, ?)"
+                       " ON CONFLICT (analyst) DO UPDATE SET verifier = excluded.verifier,"
+                       " updated_at = excluded.updated_at", (analyst, verifier, time.time()))

@@ -1,0 +1,194 @@
+"""The PostgreSQL backend: a pool of read-only connections with a server-side timeout.
+
+Every connection starts with `default_transaction_read_only = on` and runs each
+statement in a `BEGIN READ ONLY` transaction, under `statement_timeout` (the policy's
+`[server] statement_timeout_s`), in UTC with ISO dates so casts to text read the same
+everywhere. Statements go through psycopg's raw cursor: the rewrite's only parameter,
+the salt, is `$1`, and no `%` in the statement is ever read as a placeholder.
+
+The password never appears in the policy: it comes from the environment variable named
+by `password_env`, from `passfile` (.pgpass format), or from libpq's own PGPASSWORD /
+~/.pgpass. Error messages name the server, never the password or the backend's text.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg.adapt import Loader
+from psycopg.types.datetime import DateLoader, TimestampLoader, TimestamptzLoader
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from ..errors import BackendError, InvalidPolicy
+from ..policy import Policy
+
+POOL_MIN_SIZE = 1
+POOL_MAX_SIZE = 10
+CONNECT_TIMEOUT_S = 10
+# How the data version is read: per policy table (resolved in the connection's search
+# path), its file node (changes on TRUNCATE, VACUUM FULL, a new table), its row counters,
+# and the server's and the statistics' start times (counters restart with them).
+_DATA_VERSION_SQL = """
+SELECT pg_postmaster_start_time()::text,
+       (SELECT stats_reset::text FROM pg_stat_database WHERE datname = current_database()),
+       (SELECT string_agg(concat_ws(':', c.oid, pg_relation_filenode(c.oid), s.n_tup_ins,
+                                    s.n_tup_upd, s.n_tup_del, s.n_live_tup), ','
+                          ORDER BY t.ord)
+          FROM unnest($1::text[]) WITH ORDINALITY AS t(name, ord)
+          LEFT JOIN pg_class c ON c.oid = to_regclass(quote_ident(t.name))
+          LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid)
+"""
+
+
+class _NumericAsFloat(Loader):
+    """NUMERIC as a Python float: beyond float range it is ±inf, never an error."""
+
+    def load(self, data: Any) -> float:
+        return float(bytes(data))
+
+
+class _InfinityDateLoader(DateLoader):
+    """Dates Python cannot hold (infinity, BC, after 9999) as date.min / date.max, so a
+    group key never makes loading fail."""
+
+    def load(self, data: Any) -> dt.date:
+        try:
+            return super().load(data)
+        except psycopg.DataError:
+            return dt.date.min if bytes(data).startswith(b"-") or b"BC" in bytes(data) \
+                else dt.date.max
+
+
+class _InfinityTimestampLoader(TimestampLoader):
+    def load(self, data: Any) -> dt.datetime:
+        try:
+            return super().load(data)
+        except psycopg.DataError:
+            return dt.datetime.min if bytes(data).startswith(b"-") or b"BC" in bytes(data) \
+                else dt.datetime.max
+
+
+class _InfinityTimestamptzLoader(TimestamptzLoader):
+    def load(self, data: Any) -> dt.datetime:
+        try:
+            return super().load(data)
+        except psycopg.DataError:
+            edge = dt.datetime.min if bytes(data).startswith(b"-") or b"BC" in bytes(data) \
+                else dt.datetime.max
+            return edge.replace(tzinfo=dt.UTC)
+
+
+def connection_options(dsn: str, statement_timeout_s: float) -> str:
+    """libpq `options` for dpproxy's sessions, after any the DSN already sets
+    (a search_path, say).
+
+    >>> connection_options("postgresql://h/db?options=-csearch_path%3Dx", 2.5)
+    '-csearch_path=x -c default_transaction_read_only=on -c statement_timeout=2500 \
+-c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=postgres'
+    """
+    given = psycopg.conninfo.conninfo_to_dict(dsn).get("options") or ""
+    ours = ["-c default_transaction_read_only=on",
+            f"-c statement_timeout={round(statement_timeout_s * 1000)}",
+            "-c TimeZone=UTC", "-c DateStyle=ISO,YMD", "-c IntervalStyle=postgres"]
+    return " ".join([str(given), *ours]).strip()
+
+
+def describe_server(dsn: str) -> str:
+    """host:port/dbname of a DSN, for messages (never its password)."""
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    return f"{info.get('host') or 'localhost'}:{info.get('port') or 5432}/" \
+           f"{info.get('dbname') or info.get('user') or ''}"
+
+
+class PostgresBackend:
+    dialect = "postgres"
+
+    def __init__(self, dsn: str, tables: Sequence[str], *, statement_timeout_s: float = 0.0,
+                 password: str | None = None, passfile: str | None = None,
+                 max_size: int = POOL_MAX_SIZE) -> None:
+        try:
+            options = connection_options(dsn, statement_timeout_s)
+        except psycopg.ProgrammingError:
+            raise InvalidPolicy("backend.dsn is not a valid PostgreSQL connection string",
+                                hint="write dsn = \"postgresql://user@host:5432/dbname\"") \
+                from None
+        self._server = describe_server(dsn)
+        self._tables = list(tables)
+        kwargs: dict[str, Any] = {"options": options, "connect_timeout": CONNECT_TIMEOUT_S,
+                                  "cursor_factory": psycopg.RawCursor}
+        if password is not None:
+            kwargs["password"] = password
+        if passfile is not None:
+            kwargs["passfile"] = passfile
+        self._pool = ConnectionPool(dsn, kwargs=kwargs, configure=self._configure,
+                                    min_size=POOL_MIN_SIZE, max_size=max_size, open=False,
+                                    name="dpproxy-backend")
+        try:
+            self._pool.open(wait=True, timeout=CONNECT_TIMEOUT_S)
+        except PoolTimeout:
+            self._pool.close()
+            raise BackendError(f"could not connect to PostgreSQL at {self._server}",
+                               hint="check backend.dsn, that the server runs, and the "
+                                    "password source (password_env, passfile)") from None
+
+    @classmethod
+    def open(cls, policy: Policy) -> PostgresBackend:
+        config = policy.backend
+        assert config.dsn is not None
+        password = None
+        if config.password_env is not None:
+            password = os.environ.get(config.password_env)
+            if password is None:
+                raise InvalidPolicy(f"backend.password_env names {config.password_env}, "
+                                    "which is not set in the environment")
+        passfile = str(config.passfile) if config.passfile is not None else None
+        return cls(config.dsn, list(policy.tables), password=password, passfile=passfile,
+                   statement_timeout_s=policy.server.statement_timeout_s)
+
+    @staticmethod
+    def _configure(conn: psycopg.Connection[Any]) -> None:
+        conn.read_only = True  # BEGIN READ ONLY, on top of the session default
+        # NUMERIC aggregates as floats: a value beyond float range is inf, not an error
+        conn.adapters.register_loader("numeric", _NumericAsFloat)
+        conn.adapters.register_loader("date", _InfinityDateLoader)
+        conn.adapters.register_loader("timestamp", _InfinityTimestampLoader)
+        conn.adapters.register_loader("timestamptz", _InfinityTimestamptzLoader)
+
+    def run_aggregate(self, sql: str, parameters: Sequence[object] = ()
+                      ) -> list[tuple[object, ...]]:
+        try:
+            with self._pool.connection() as conn, conn.cursor() as cursor:
+                cursor.execute(sql, list(parameters) or None)
+                return [tuple(row) for row in cursor.fetchall()]
+        except psycopg.errors.QueryCanceled:
+            raise BackendError("the backend query exceeded the statement timeout",
+                               hint="the server's statement_timeout_s bounds every query; "
+                                    "ask for fewer groups or a narrower WHERE") from None
+        except Exception as exc:  # whatever failed (loading too), its text is withheld
+            raise BackendError(
+                "the backend could not run the rewritten query",
+                detail=f"backend error class: {type(exc).__name__}",
+                hint="the backend's message is withheld because it may quote private data",
+            ) from None
+
+    def data_version(self) -> str:
+        """Changes when a policy table may have changed: its row counters (inserts,
+        updates, deletes, live rows), its file node, and the server's and statistics'
+        start times. Limits: counters reach the statistics system when the writing session
+        flushes them (within about a second), so a cached answer may be served that long
+        after a write; a change that bypasses the counters entirely is not seen."""
+        try:
+            with self._pool.connection() as conn:
+                row = conn.execute(_DATA_VERSION_SQL, [self._tables]).fetchone()
+        except (psycopg.Error, PoolTimeout):
+            raise BackendError(f"could not read the data version from {self._server}") \
+                from None
+        return hashlib.sha256(repr(row).encode()).hexdigest()[:32]
+
+    def close(self) -> None:
+        self._pool.close()

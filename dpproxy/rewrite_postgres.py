@@ -1,0 +1,401 @@
+"""Totality on PostgreSQL: row expressions that cannot raise, whatever the data.
+
+DuckDB's `make_total` relies on DOUBLE (overflow gives inf) and TRY_CAST. PostgreSQL has
+neither: float8 arithmetic raises on overflow *and* underflow, and a cast raises on bad
+input (sqlglot renders TRY_CAST as a plain CAST for PostgreSQL). So on PostgreSQL each
+construct the analyzer accepts is rewritten as follows (children first):
+
+* numbers are NUMERIC: columns, number literals, LENGTH and EXTRACT are
+  cast to NUMERIC, which neither overflows below 10^131072 nor underflows; an expression
+  whose values could come near that limit is rejected up front (`check_magnitude`);
+* `a / b` → `a / NULLIF(b, 0)` (TRUNC for integer division), `a % b` → `a % NULLIF(b, 0)`;
+* casts are guarded: text → number or date only through a CASE whose regular expression
+  admits exactly the strings the cast accepts (else NULL), number → integer type rounds
+  half to even (as DuckDB) and is NULL outside the type's range, number → boolean is
+  `x <> 0`; casts PostgreSQL has no rule for (date → number) are rejected up front;
+* date ± n is NULL near the ends of PostgreSQL's date range, date − date is NULL for an
+  infinite date; EXTRACT and DATE_TRUNC read a TIMESTAMP (no "unit not supported for
+  type date");
+* SUBSTRING positions are INT within range (a negative length is NULL, not an error);
+* LIKE / ILIKE get `ESCAPE ''`: no escape character, as in DuckDB, so no pattern can end
+  in a dangling escape.
+
+A bare column computes nothing and cannot raise: as a COUNT argument it is read as it
+is, and as a value to clamp (`clamp_source_postgres`) in DOUBLE PRECISION, which is
+much cheaper than a NUMERIC conversion per row. Aggregates stay NUMERIC up to the
+client, which reads them as Python floats (an out-of-range value becomes inf there
+instead of raising in the server). Numeric columns are assumed to hold values of
+double-precision range (|x| < 10^400 with < 400 decimals).
+
+>>> from dpproxy.policy import ColumnPolicy, TablePolicy
+>>> from sqlglot import parse_one
+>>> t = TablePolicy("t", {"a": ColumnPolicy("a", "int", 0, 10), "b": ColumnPolicy("b", "int")})
+>>> make_total_postgres(parse_one("a / b > 1", read="postgres"), t).sql("postgres")
+'TRUNC(CAST("a" AS DECIMAL) / NULLIF(CAST("b" AS DECIMAL), 0)) > CAST(1 AS DECIMAL)'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
+
+from sqlglot import exp
+
+from .analyze.expressions import ExprType, make_resolver, type_row_expression
+from .errors import NotSupportedError
+from .policy import ColumnPolicy, TablePolicy
+
+_NUMERIC = exp.DataType.build("DECIMAL")  # PostgreSQL NUMERIC, without a typmod
+_TEXT = exp.DataType.build("TEXT")
+_TIMESTAMP = exp.DataType.build("TIMESTAMP")
+_INT = exp.DataType.build("INT")
+T = exp.DataType.Type
+# Ranges of the integer types a cast may name (DuckDB's, so both backends agree).
+_INTEGER_RANGES: dict[exp.DataType.Type, tuple[int, int]] = {
+    T.TINYINT: (-(2**7), 2**7 - 1), T.SMALLINT: (-(2**15), 2**15 - 1),
+    T.INT: (-(2**31), 2**31 - 1), T.BIGINT: (-(2**63), 2**63 - 1),
+    T.INT128: (-(2**127), 2**127 - 1), T.UTINYINT: (0, 2**8 - 1),
+    T.USMALLINT: (0, 2**16 - 1), T.UINT: (0, 2**32 - 1), T.UBIGINT: (0, 2**64 - 1),
+}
+_FLOAT_TYPES = {T.FLOAT, T.DOUBLE, T.DECIMAL}
+_DATE_TYPES = {T.DATE, T.TIMESTAMP, T.TIMESTAMPTZ}
+_SPACE = "[ \t\n\r]*"
+# What NUMERIC's input accepts, limited to 200 digits and a 3-digit exponent so the value
+# stays far below NUMERIC's limits.
+NUMBER_PATTERN = (f"^{_SPACE}[+-]?([0-9]{{1,200}}([.][0-9]{{0,200}})?|[.][0-9]{{1,200}})"
+                  f"([eE][+-]?[0-9]{{1,3}})?{_SPACE}$")
+_MONTH_DAY = ("((0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])|(0[13-9]|1[0-2])-(29|30)"
+              "|(0[13578]|1[02])-31)")
+_LEAP_YEAR = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)"
+# Calendar dates of years 0001-9999 (leap years included), optionally with a time of day.
+DATE_PATTERN = (f"^{_SPACE}(?!0000)([0-9]{{4}}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)"
+                "([ T]([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9]([.][0-9]{1,6})?)?)?"
+                f"{_SPACE}$")
+BOOLEAN_WORDS = ("true", "t", "yes", "y", "on", "1", "false", "f", "no", "n", "off", "0")
+# date ± n takes n below 10^6 days (the analyzer's rule); PostgreSQL's dates run from
+# 4714 BC to 5874897 AD, so these dates stay in range after such a shift.
+_FIRST_SHIFTABLE_DATE = "1900-01-01 BC"
+_LAST_SHIFTABLE_DATE = "5870000-01-01"
+_LAST_TIMESTAMP_DATE = "294276-01-01"
+# NUMERIC overflows beyond 131072 digits before the decimal point; stay well below.
+MAX_DIGITS = 100_000
+
+Typer = Callable[[exp.Expression], ExprType]
+
+
+def make_total_postgres(node: exp.Expression, table: TablePolicy) -> exp.Expression:
+    """A copy of a row expression that cannot raise on PostgreSQL on any data, or a
+    NotSupportedError (raised before anything is charged) when none can be built."""
+    resolve = make_resolver(table.name, None, table.columns)
+
+    def lookup(column: exp.Column) -> ColumnPolicy:
+        return resolve(exp.column(column.name))  # qualifiers were checked by the analyzer
+
+    types: dict[int, ExprType] = {}
+
+    def typed(n: exp.Expression) -> ExprType:
+        if id(n) not in types:
+            types[id(n)] = type_row_expression(n, lookup)
+        return types[id(n)]
+
+    check_magnitude(node, typed)
+    if isinstance(node, exp.Column):
+        # a bare column computes nothing, so it cannot raise: no NUMERIC conversion (a
+        # COUNT argument or a value to clamp is read as it is)
+        return exp.column(lookup(node).name, quoted=True)
+    root = node.copy()
+    original = list(node.dfs())
+    copied = list(root.dfs())
+    for old, new in zip(reversed(original), reversed(copied), strict=True):
+        # where `new` sits, read before a replacement may adopt it as a child
+        parent, key, index = new.parent, new.arg_key, new.index
+        replacement = _total_node(old, new, table, typed)
+        if replacement is not new:
+            if new is root:
+                root = replacement
+            else:
+                assert parent is not None and key is not None
+                parent.set(key, replacement, index)
+    return root
+
+
+def _total_node(old: exp.Expression, new: exp.Expression, table: TablePolicy, typed: Typer
+                ) -> exp.Expression:
+    """`new` (a copy of `old` over already-total children) made total; `old` is typed."""
+    if isinstance(new, exp.Column):
+        column = table.columns.get(new.name) or next(
+            c for n, c in table.columns.items() if n.lower() == new.name.lower())
+        bare = exp.column(column.name, quoted=True)
+        return _numeric(bare) if column.type in ("int", "float") else bare
+    if isinstance(new, exp.Literal) and not new.is_string:
+        # NUMERIC, not int4: CASE WHEN … THEN 2147483647 END * 2 cannot overflow. Kept:
+        # ROUND's digits and the days of date ± n, which PostgreSQL wants as integers.
+        if old.arg_key == "decimals" or _is_date_arithmetic(old.parent, typed):
+            return new
+        return _numeric(new)
+    if isinstance(new, exp.Div):
+        # typed: a plain `/`, exact on NUMERIC operands (sqlglot would cast an untyped
+        # division's operand to DOUBLE PRECISION)
+        quotient = exp.Div(this=new.this, expression=_nonzero(new.expression), typed=True,
+                           safe=False)
+        integer = bool(old.args.get("typed")) and typed(old.this).integer \
+            and typed(old.expression).integer
+        return exp.func("TRUNC", quotient) if integer else quotient
+    if isinstance(new, exp.Mod):
+        return exp.Mod(this=new.this, expression=_nonzero(new.expression))
+    if isinstance(new, exp.Add | exp.Sub) and _is_date_arithmetic(old, typed):
+        return _date_arithmetic(old, new, typed)
+    if isinstance(new, exp.Cast | exp.TryCast):
+        return _cast(new.this, typed(old.this).kind, new.to)
+    if isinstance(new, exp.Substring):
+        for arg, low in (("start", -(2**31)), ("length", 0)):
+            if new.args.get(arg) is not None:
+                new.set(arg, _integer_in(new.args[arg], low, 2**31 - 1, _INT))
+        return new
+    if isinstance(new, exp.Extract):
+        source = _timestamp(new.expression, typed(old.expression).kind)
+        return _numeric(exp.Extract(this=new.this, expression=source))
+    if isinstance(new, exp.DateTrunc | exp.TimestampTrunc):
+        new.set("this", _timestamp(new.this, typed(old.this).kind))
+        return new
+    if isinstance(new, exp.Length):
+        return _numeric(new)
+    if isinstance(new, exp.Like | exp.ILike):
+        return exp.Escape(this=new, expression=exp.Literal.string(""))
+    if isinstance(new, exp.DPipe):
+        for arg in ("this", "expression"):
+            if typed(old.args[arg]).kind != "text":
+                new.set(arg, exp.cast(new.args[arg], _TEXT.copy()))
+        return new
+    if isinstance(new, exp.Floor | exp.Ceil) and new.args.get("decimals") is not None:
+        raise NotSupportedError(f"{new.sql_name()} with a number of digits is not available "
+                                "on PostgreSQL", hint="use ROUND(x, digits)")
+    return new
+
+
+def _numeric(node: exp.Expression) -> exp.Expression:
+    return exp.cast(node, _NUMERIC.copy())
+
+
+def _nonzero(divisor: exp.Expression) -> exp.Expression:
+    return exp.Nullif(this=divisor, expression=exp.Literal.number(0))
+
+
+def _case(condition: exp.Expression, value: exp.Expression) -> exp.Expression:
+    """CASE WHEN condition THEN value END: PostgreSQL evaluates value only when the
+    condition holds (also when folding constants), so a guarded cast never runs."""
+    return exp.Case(ifs=[exp.If(this=condition, true=value)])
+
+
+def _is_date_arithmetic(node: exp.Expression | None, typed: Typer) -> bool:
+    return isinstance(node, exp.Add | exp.Sub) and "date" in (
+        typed(node.this).kind, typed(node.expression).kind)
+
+
+def _date_arithmetic(old: exp.Expression, new: exp.Expression, typed: Typer
+                     ) -> exp.Expression:
+    if typed(old.this).kind == "date" and typed(old.expression).kind == "date":
+        finite = exp.and_(exp.func("ISFINITE", new.this.copy()),
+                          exp.func("ISFINITE", new.expression.copy()))
+        return _case(finite, _numeric(new))  # an infinite date: NULL, not an error
+    date = new.this if typed(old.this).kind == "date" else new.expression
+    shiftable = exp.or_(
+        exp.not_(exp.func("ISFINITE", date.copy())),
+        exp.Between(this=date.copy(),
+                    low=exp.cast(exp.Literal.string(_FIRST_SHIFTABLE_DATE), "DATE"),
+                    high=exp.cast(exp.Literal.string(_LAST_SHIFTABLE_DATE), "DATE")))
+    return _case(shiftable, new)
+
+
+def _timestamp(source: exp.Expression, kind: str) -> exp.Expression:
+    """The source as a TIMESTAMP (EXTRACT(hour FROM a DATE) raises); NULL beyond the last
+    timestamp, year 294276, where dates run further."""
+    if kind != "date":
+        return _cast(source, kind, _TIMESTAMP.copy())
+    representable = exp.or_(
+        exp.not_(exp.func("ISFINITE", source.copy())),
+        exp.LT(this=source.copy(),
+               expression=exp.cast(exp.Literal.string(_LAST_TIMESTAMP_DATE), "DATE")))
+    return _case(representable, exp.cast(source, _TIMESTAMP.copy()))
+
+
+def _as_text(node: exp.Expression) -> exp.Expression:
+    # a quoted literal is typed text first: CAST('abc' AS NUMERIC) would fail while the
+    # statement is parsed, before any guard could skip it
+    return exp.cast(node, _TEXT.copy())
+
+
+def _matches(text: exp.Expression, pattern: str) -> exp.Expression:
+    return exp.RegexpLike(this=text, expression=exp.Literal.string(pattern))
+
+
+def _cast(value: exp.Expression, kind: str, to: exp.DataType) -> exp.Expression:
+    """CAST(value AS to) for a value of analyzer kind `kind`, total on PostgreSQL."""
+    target = to.this
+    if kind in ("text", "unknown"):
+        text = _as_text(value)
+        if target in _INTEGER_RANGES or target in _FLOAT_TYPES:
+            number = exp.cast(text.copy(), _NUMERIC.copy())
+            return _case(_matches(text, NUMBER_PATTERN), _number_as(number, to))
+        if target in _DATE_TYPES:
+            return _case(_matches(text, DATE_PATTERN), exp.cast(text.copy(), to))
+        if target == T.BOOLEAN:
+            word = exp.Lower(this=exp.Trim(this=text))
+            words = [exp.Literal.string(w) for w in BOOLEAN_WORDS]
+            return _case(exp.In(this=word, expressions=words), exp.cast(word.copy(), to))
+        return exp.cast(text, to)
+    if kind == "null":
+        return exp.cast(value, _NUMERIC.copy() if _is_number(to) else to)
+    if kind == "num":
+        if _is_number(to):
+            return _number_as(value, to)
+        if target == T.BOOLEAN:
+            return exp.NEQ(this=value, expression=exp.Literal.number(0))
+        if to.is_type(*exp.DataType.TEXT_TYPES):
+            return exp.cast(value, to)
+    if kind == "bool":
+        if _is_number(to):
+            bit = exp.Case(ifs=[exp.If(this=value, true=exp.Literal.number(1)),
+                                exp.If(this=exp.not_(value.copy()),
+                                       true=exp.Literal.number(0))])
+            return _numeric(bit)
+        if target == T.BOOLEAN or to.is_type(*exp.DataType.TEXT_TYPES):
+            return exp.cast(value, to)
+    if kind == "date" and (target in _DATE_TYPES or to.is_type(*exp.DataType.TEXT_TYPES)):
+        return exp.cast(value, to)
+    raise NotSupportedError(f"CAST of a {kind} to {to.sql('postgres')} is not available on "
+                            "PostgreSQL", hint="EXTRACT(epoch FROM d) turns a date into a "
+                            "number; compare a boolean instead of casting it")
+
+
+def _is_number(to: exp.DataType) -> bool:
+    return to.this in _INTEGER_RANGES or to.this in _FLOAT_TYPES
+
+
+def _number_as(number: exp.Expression, to: exp.DataType) -> exp.Expression:
+    """A NUMERIC value as the number type `to`: integers round half to even and are NULL
+    out of range; DECIMAL(p, s) rounds to s digits and is NULL when too large; other
+    types keep the exact value."""
+    if to.this in _INTEGER_RANGES:
+        low, high = _INTEGER_RANGES[to.this]
+        return _integer_in(number, low, high, None)
+    if to.this == T.DECIMAL and to.expressions:
+        precision = int(to.expressions[0].name)
+        scale = int(to.expressions[1].name) if len(to.expressions) > 1 else 0
+        rounded = exp.func("ROUND", number, exp.Literal.number(scale))
+        fits = exp.LT(this=exp.Abs(this=rounded.copy()),
+                      expression=exp.Literal.number(f"1e{precision - scale}"))
+        return _case(fits, rounded)
+    return number
+
+
+def _integer_in(number: exp.Expression, low: int, high: int, to: exp.DataType | None
+                ) -> exp.Expression:
+    """The nearest integer (ties to even) if it lies in [low, high], else NULL; cast to
+    `to` when given (safe: the value is in range). NaN and ±Infinity give NULL."""
+    half = exp.EQ(this=exp.Abs(this=exp.Sub(this=number.copy(),
+                                            expression=exp.func("TRUNC", number.copy()))),
+                  expression=exp.Literal.number("0.5"))
+    even = exp.Mul(this=exp.Literal.number(2), expression=exp.func(
+        "ROUND", exp.Div(this=number.copy(), expression=exp.Literal.number(2), typed=True)))
+    nearest = exp.Case(ifs=[exp.If(this=half, true=even)],
+                       default=exp.func("ROUND", number.copy()))
+    inside = exp.Between(this=nearest.copy(), low=exp.Literal.number(low),
+                         high=exp.Literal.number(high))
+    return _case(inside, exp.cast(nearest, to) if to is not None else nearest)
+
+
+# -- magnitude ---------------------------------------------------------------------------------
+# Bounds on the decimal digits of a value: (before the point, after it). Columns of
+# PostgreSQL's number types hold less than 10^400 with fewer than 400 decimals.
+_COLUMN_DIGITS = (400, 400)
+_TEXT_NUMBER_DIGITS = (1200, 1200)  # NUMBER_PATTERN: 200 digits, exponent below 1000
+_DIVISION_SCALE = 1000  # NUMERIC division keeps at most 1000 decimals
+
+
+def check_magnitude(node: exp.Expression, typed: Typer) -> tuple[int, int]:
+    """Bound the digits of every NUMERIC value the total expression computes; reject
+    (free, before any charge) an expression that could come near NUMERIC's overflow.
+
+    >>> from sqlglot import parse_one
+    >>> check_magnitude(parse_one("2 * 3.25"), lambda n: ExprType("num"))
+    (2, 2)
+    """
+    digits = _digits(node, typed)
+    if digits[0] > MAX_DIGITS:
+        raise NotSupportedError(
+            "the expression could produce numbers too large for PostgreSQL's NUMERIC",
+            hint="clamp intermediate values with LEAST/GREATEST, or simplify the expression")
+    return digits
+
+
+def _digits(node: exp.Expression, typed: Typer) -> tuple[int, int]:
+    children = [_digits(c, typed) for c in node.iter_expressions()]
+    for before, _ in children:
+        if before > MAX_DIGITS:
+            return before, 0
+    if isinstance(node, exp.Column):
+        return _COLUMN_DIGITS if typed(node).kind == "num" else (0, 0)
+    if isinstance(node, exp.Literal):
+        return _literal_digits(node)
+    if isinstance(node, exp.Cast | exp.TryCast):
+        if node.to.this in _INTEGER_RANGES:
+            return (40, 0)
+        source = typed(node.this).kind
+        return _TEXT_NUMBER_DIGITS if source in ("text", "unknown") else children[0]
+    if isinstance(node, exp.Length):
+        return (10, 0)
+    if isinstance(node, exp.Extract):
+        return (20, 6)
+    if not children:
+        return (0, 0)
+    before = max(c[0] for c in children)
+    after = max(c[1] for c in children)
+    if isinstance(node, exp.Add | exp.Sub):
+        return before + 1, after
+    if isinstance(node, exp.Mul):
+        (a, sa), (b, sb) = children[0], children[1]
+        return a + b, min(sa + sb, 16383)  # NUMERIC rounds products beyond 16383 decimals
+    if isinstance(node, exp.Div):
+        (a, _), (_, sb) = children[0], children[1]
+        # |a / b| <= |a| / (smallest nonzero |b|) = |a| * 10^(decimals of b)
+        return a + sb + 1, _DIVISION_SCALE
+    if isinstance(node, exp.Round | exp.Floor | exp.Ceil):
+        return before + 1, after
+    return before, after
+
+
+def _literal_digits(node: exp.Literal) -> tuple[int, int]:
+    if node.is_string:
+        return (0, 0)
+    try:
+        value = Decimal(node.this)
+    except InvalidOperation:
+        return (0, 0)
+    if not value.is_finite() or value == 0:
+        return (1, 0)
+    exponent = value.as_tuple().exponent
+    assert isinstance(exponent, int)
+    return max(value.adjusted() + 1, 1), max(-exponent, 0)
+
+
+# Bounds below this keep every sum of clamped values (fewer than 10^12 rows) far inside
+# DOUBLE PRECISION's range.
+_FLOAT_SAFE_BOUND = 1e200
+
+
+def clamp_source_postgres(argument: exp.Expression, table: TablePolicy, lower: float,
+                          upper: float) -> tuple[exp.Expression, exp.DataType]:
+    """The total value to clamp to [lower, upper] and the type to clamp it in.
+
+    A bare number column is clamped in DOUBLE PRECISION: without arithmetic nothing can
+    overflow or underflow (NaN and ±Infinity clamp to a bound), and converting every row
+    to NUMERIC would cost far more than the aggregate. Anything else is NUMERIC.
+    """
+    if isinstance(argument, exp.Column) and max(abs(lower), abs(upper)) <= _FLOAT_SAFE_BOUND:
+        column = table.columns.get(argument.name) or next(
+            c for n, c in table.columns.items() if n.lower() == argument.name.lower())
+        if column.type in ("int", "float"):
+            double = exp.DataType.build("DOUBLE")
+            return exp.cast(exp.column(column.name, quoted=True), double), double
+    return make_total_postgres(argument, table), _NUMERIC.copy()

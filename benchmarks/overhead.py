@@ -7,8 +7,12 @@
    privacy units; each query runs as a DP query through a session and as the
    equivalent exact query directly on DuckDB, interleaved, so both see the same
    machine load. Row-level (no privacy unit) and user-level (≤ 5 rows per unit).
+3. End to end on PostgreSQL: the same kind of table with --pg-rows rows (default 1M) in
+   a schema `dpproxy_bench` of the database --pg-dsn names (dropped afterwards); skipped
+   when that server does not answer.
 
-    python benchmarks/overhead.py [--rows 10000000] [--repeat 5]
+    python benchmarks/overhead.py [--rows 10000000] [--repeat 5] [--pg-rows 1000000]
+                                  [--pg-dsn postgresql://postgres@127.0.0.1:5432/postgres]
 
 Writes benchmarks/results/overhead.json and overhead.md (quoted by the README).
 """
@@ -24,8 +28,10 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import duckdb
+import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -56,14 +62,16 @@ QUERIES = [
 ]
 
 
-def policy_text(db: Path, ledger: Path, user_level: bool) -> str:
+def policy_text(db: Path | str, ledger: Path, user_level: bool) -> str:
+    """The benchmark policy on a DuckDB file, or on a PostgreSQL DSN (a str)."""
     unit = 'privacy_unit = "uid"\nmax_rows_per_unit = 5\nmax_groups_per_unit = 1\n' \
         if user_level else ""
     occupations = ", ".join(f'"{o}"' for o in OCCUPATIONS)
+    backend = f'kind = "postgres"\ndsn = "{db}"' if isinstance(db, str) \
+        else f'kind = "duckdb"\npath = "{db.as_posix()}"'
     return f"""
 [backend]
-kind = "duckdb"
-path = "{db.as_posix()}"
+{backend}
 [ledger]
 path = "{ledger.as_posix()}"
 [audit]
@@ -104,6 +112,41 @@ def build_table(path: Path, rows: int) -> None:
         FROM (SELECT random() AS r FROM range({rows}))
     """)
     con.close()
+
+
+PG_SCHEMA = "dpproxy_bench"
+
+
+def build_pg_table(dsn: str, rows: int) -> str:
+    """Build the table in schema dpproxy_bench of dsn's database; the DSN that reads it."""
+    units = max(1, int(rows * 0.3))
+    weights = [3770, 4066, 1370, 4140, 3295, 3650, 4099, 1597, 994, 2002, 928, 649, 9, 149]
+    cases = []
+    total, acc = sum(weights), 0
+    for name, w in zip(OCCUPATIONS, weights, strict=True):
+        acc += w
+        cases.append(f"WHEN r < {acc / total} THEN '{name}'")
+    with psycopg.connect(dsn, autocommit=True) as con:
+        con.execute(f"DROP SCHEMA IF EXISTS {PG_SCHEMA} CASCADE")
+        con.execute(f"CREATE SCHEMA {PG_SCHEMA}")
+        con.execute("SELECT setseed(0.42)")
+        con.execute(f"""
+            CREATE TABLE {PG_SCHEMA}.t AS
+            SELECT CAST(floor(random() * {units}) AS INTEGER) AS uid,
+                   CAST(17 + floor(random() * 74) AS INTEGER) AS age,
+                   CAST(1 + floor(random() * 99) AS INTEGER) AS hours,
+                   CAST(round(CAST(random() * 100000 AS NUMERIC), 2) AS DOUBLE PRECISION)
+                       AS income,
+                   CASE {' '.join(cases)} ELSE NULL END AS occupation
+            FROM (SELECT random() AS r FROM generate_series(1, {rows})) s
+        """)
+        con.execute(f"ANALYZE {PG_SCHEMA}.t")
+    return psycopg.conninfo.make_conninfo(dsn, options=f"-csearch_path={PG_SCHEMA}")
+
+
+def drop_pg_schema(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as con:
+        con.execute(f"DROP SCHEMA IF EXISTS {PG_SCHEMA} CASCADE")
 
 
 def median_ms(fn: Callable[[], object], repeat: int) -> float:
@@ -148,16 +191,23 @@ def proxy_overhead(policy_path: Path, repeat: int) -> dict[str, dict[str, float]
     return out
 
 
-def end_to_end(policy_path: Path, db: Path, repeat: int) -> dict[str, dict[str, float]]:
+def end_to_end(policy_path: Path, db: Path | str, repeat: int
+               ) -> dict[str, dict[str, float]]:
+    """DP through a session against the exact query on the backend itself: a DuckDB
+    file, or a PostgreSQL DSN (a str)."""
     engine = Engine.from_path(policy_path)
     session = engine.session("bench")
-    raw = duckdb.connect(str(db), read_only=True)
+    raw: Any = psycopg.connect(db, autocommit=True) if isinstance(db, str) \
+        else duckdb.connect(str(db), read_only=True)
     out: dict[str, dict[str, float]] = {}
     for name, dp_sql, exact_sql in QUERIES:
         session.execute(dp_sql)  # warm-up both
         raw.execute(exact_sql).fetchall()
         dp_times, exact_times = [], []
-        for _ in range(repeat):  # interleaved: both see the same machine state
+        for i in range(repeat):  # interleaved: both see the same machine state
+            # a fresh ε each time: a repeat of the same query would be answered from the
+            # cache of released answers without reaching the backend
+            session.set_option("epsilon", 1.0 + (i + 1) * 1e-9)
             start = time.perf_counter()
             session.execute(dp_sql)
             dp_times.append((time.perf_counter() - start) * 1000)
@@ -175,6 +225,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--pg-rows", type=int, default=1_000_000)
+    parser.add_argument("--pg-dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -196,6 +248,9 @@ def main() -> None:
         for level, path in policies.items():
             print(f"{level}-level end to end …", file=sys.stderr)
             results[f"{level}_level"] = end_to_end(path, db, args.repeat)
+        postgres = postgres_end_to_end(args.pg_dsn, args.pg_rows, args.repeat, Path(tmp))
+        if postgres is not None:
+            results["postgres"] = postgres
     (RESULTS / "overhead.json").write_text(json.dumps(results, indent=2) + "\n")
     lines = [
         f"Synthetic table: {args.rows:,} rows, ~{int(args.rows * 0.3):,} privacy units; "
@@ -213,10 +268,50 @@ def main() -> None:
                      f"| {r['dp_ms']:.1f} | {r['exact_ms']:.1f} "
                      f"| {r['ratio']:.2f}× | {u['dp_ms']:.1f} | {u['exact_ms']:.1f} "
                      f"| {u['ratio']:.2f}× |")
+    if postgres is not None:
+        lines += [
+            "",
+            f"PostgreSQL {postgres['server']}: the same kind of table with "
+            f"{args.pg_rows:,} rows, ~{int(args.pg_rows * 0.3):,} privacy units; median of "
+            f"{args.repeat} interleaved runs.",
+            "",
+            "| query | row-level DP (ms) | exact (ms) | ratio | user-level DP (ms) "
+            "| exact (ms) | ratio |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for name, _, _ in QUERIES:
+            r, u = postgres["row_level"][name], postgres["user_level"][name]
+            lines.append(f"| {name} | {r['dp_ms']:.1f} | {r['exact_ms']:.1f} "
+                         f"| {r['ratio']:.2f}× | {u['dp_ms']:.1f} | {u['exact_ms']:.1f} "
+                         f"| {u['ratio']:.2f}× |")
     table = "\n".join(lines) + "\n"
     (RESULTS / "overhead.md").write_text(table)
     quote_in_readme("overhead", table)
     print(table)
+
+
+def postgres_end_to_end(dsn: str, rows: int, repeat: int, tmp: Path) -> dict[str, Any] | None:
+    """Row- and user-level DP ÷ exact on PostgreSQL; None when the server does not answer."""
+    try:
+        with psycopg.connect(dsn, connect_timeout=5) as con:
+            (server,) = con.execute("SHOW server_version").fetchone()  # type: ignore[misc]
+    except psycopg.Error as exc:
+        print(f"PostgreSQL at {dsn} does not answer ({type(exc).__name__}): skipped",
+              file=sys.stderr)
+        return None
+    print(f"building {rows:,} rows in PostgreSQL …", file=sys.stderr)
+    table_dsn = build_pg_table(dsn, rows)
+    out: dict[str, Any] = {"server": str(server).split()[0], "rows": rows}
+    try:
+        for level in ("row", "user"):
+            path = tmp / f"pg-{level}.toml"
+            path.write_text(policy_text(table_dsn, tmp / f"pg-{level}.sqlite",
+                                        level == "user"))
+            print(f"PostgreSQL {level}-level end to end …", file=sys.stderr)
+            out[f"{level}_level"] = end_to_end(path, table_dsn, repeat)
+    finally:
+        drop_pg_schema(dsn)
+    return out
 
 
 def quote_in_readme(name: str, text: str) -> None:

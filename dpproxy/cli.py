@@ -226,6 +226,12 @@ def _build_demo(path: Path, seed: int) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import DEFAULT_SEED
 
+    if args.postgres is not None:
+        from .demo import load_demo_postgres
+
+        load_demo_postgres(args.postgres, seed=args.seed or DEFAULT_SEED,
+                           progress=lambda message: print(f"demo: {message}", file=sys.stderr))
+        return 0
     if args.out is not None:
         path, seed = Path(args.out), args.seed or DEFAULT_SEED
     else:
@@ -303,9 +309,18 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="build the demo database from its seed")
     with_policy(d)
     d.add_argument("--out", type=Path, help="write here instead of the policy's backend path")
+    d.add_argument("--postgres", metavar="DSN",
+                   help="create the demo tables in this PostgreSQL database instead "
+                        "(password: PGPASSWORD or ~/.pgpass)")
     d.add_argument("--seed", type=int, help="random seed (default: the policy's demo_seed)")
     d.set_defaults(func=cmd_demo)
 
+    from .server.commands import register  # `serve` and `analyst passwd`
+
+    register(sub, with_policy)
+    from .ldp import register as register_ldp  # `ldp encode | estimate | demo`
+
+    register_ldp(sub)
     return parser
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "OCCUPATION_GROUPS",
     "build_demo",
     "ensure_demo",
+    "load_demo_postgres",
 ]
 
 DEFAULT_SEED = 20261123
@@ -355,3 +356,96 @@ def _write(path: Path, adult: Columns, visits: Columns) -> None:
         con.execute("CHECKPOINT")
     finally:
         con.close()
+
+
+_POSTGRES_SCHEMA = """
+DROP TABLE IF EXISTS adult, visits, occupation_groups;
+CREATE TABLE adult (
+    person_id INTEGER PRIMARY KEY,
+    age INTEGER NOT NULL,
+    sex TEXT NOT NULL,
+    education TEXT NOT NULL,
+    education_num INTEGER NOT NULL,
+    hours_per_week INTEGER NOT NULL,
+    capital_gain INTEGER NOT NULL,
+    income TEXT NOT NULL,
+    occupation TEXT
+);
+CREATE TABLE visits (
+    visit_id BIGINT PRIMARY KEY,
+    person_id INTEGER NOT NULL,
+    day DATE NOT NULL,
+    amount DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE occupation_groups (
+    occupation TEXT PRIMARY KEY,
+    collar TEXT NOT NULL
+);
+COMMENT ON TABLE adult IS 'Synthetic census-like people (dpproxy demo), one row per person';
+COMMENT ON TABLE visits IS 'Synthetic visits (dpproxy demo), 1 to 50 per person';
+COMMENT ON TABLE occupation_groups IS 'Public lookup: occupation to collar (dpproxy demo)';
+"""
+
+
+def load_demo_postgres(dsn: str, *, seed: int = DEFAULT_SEED,
+                       progress: Progress | None = None) -> None:
+    """Create the demo tables in the PostgreSQL database (and schema: the first of its
+    search_path) that `dsn` names, replacing any demo tables there, with the same rows
+    `build_demo` writes for the same seed. One transaction; rows arrive by COPY."""
+    import psycopg
+
+    say: Progress = progress or (lambda _message: None)
+    say(f"generating demo data (seed {seed})")
+    rng = np.random.default_rng(seed)
+    adult = _adult(rng)
+    visits = _visits(rng, adult)
+    educations = list(EDUCATION_COUNTS)
+    occupations = [*OCCUPATION_COUNTS, None]
+    adult_rows = (
+        (int(pid), int(age), SEXES[sex], educations[num - 1], int(num), int(hours), int(gain),
+         INCOMES[income], occupations[occupation])
+        for pid, age, sex, num, hours, gain, income, occupation in zip(
+            adult["person_id"], adult["age"], adult["sex"], adult["education_num"],
+            adult["hours_per_week"], adult["capital_gain"], adult["income"],
+            adult["occupation"], strict=True))
+    first_day = np.datetime64("2024-01-01")
+    days = (first_day + visits["day"].astype("timedelta64[D]")).astype(str)
+    # repr of a float reads back as the same double: the amounts equal DuckDB's exactly
+    visit_lines = "".join(
+        f"{vid}\t{pid}\t{day}\t{float(amount)!r}\n"
+        for vid, pid, day, amount in zip(visits["visit_id"].tolist(),
+                                         visits["person_id"].tolist(), days.tolist(),
+                                         visits["amount"].tolist(), strict=True))
+    try:
+        connection = psycopg.connect(dsn)
+    except psycopg.OperationalError:
+        from .errors import BackendError
+
+        raise BackendError(f"could not connect to PostgreSQL at {_server_of(dsn)}",
+                           hint="check the DSN and the password (PGPASSWORD or ~/.pgpass)"
+                           ) from None
+    with connection as con:
+        con.execute(_POSTGRES_SCHEMA)
+        with con.cursor().copy(
+                "COPY adult (person_id, age, sex, education, education_num, hours_per_week, "
+                "capital_gain, income, occupation) FROM STDIN") as copy:
+            for row in adult_rows:
+                copy.write_row(row)
+        say(f"adult: {ADULT_ROWS:,} people")
+        with con.cursor().copy("COPY visits (visit_id, person_id, day, amount) "
+                               "FROM STDIN") as copy:
+            copy.write(visit_lines)
+        say(f"visits: {len(visits['visit_id']):,} rows")
+        with con.cursor().copy("COPY occupation_groups (occupation, collar) FROM STDIN") \
+                as copy:
+            for row in OCCUPATION_GROUPS.items():
+                copy.write_row(row)
+        say(f"occupation_groups: {len(OCCUPATION_GROUPS)} rows")
+        con.execute("ANALYZE adult, visits, occupation_groups")
+    say(f"loaded into PostgreSQL at {_server_of(dsn)}")
+
+
+def _server_of(dsn: str) -> str:
+    from .backends.postgres import describe_server
+
+    return describe_server(dsn)

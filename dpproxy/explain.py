@@ -21,7 +21,8 @@ def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -
     lines = [
         f"DP query on {analysis.table.name} ({unit})",
         f"Cost: ε={cost.epsilon:g}, δ={cost.delta:g} ({options.mechanism}, basic composition, "
-        f"split evenly over {len(plan.measurements)} statistic(s)"
+        f"split evenly over {sum(m.noise is not None for m in plan.measurements)} "
+        f"noisy statistic(s)"
         f"{' and partition selection' if plan.selection else ''}); "
         f"budget left before: ε={remaining.epsilon:.6g}, δ={remaining.delta:.3g}",
     ]
@@ -44,6 +45,10 @@ def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -
         lines.append("Groups: one (no GROUP BY)")
     for m in plan.measurements:
         s, n = m.statistic, m.noise
+        if n is None:
+            lines.append(f"  {m.column} = {s.describe()}: exact, no central noise (local-DP "
+                         "reports in a table with public membership)")
+            continue
         norm = "L1" if n.mechanism == "laplace" else "L2"
         lines.append(
             f"  {m.column} = {s.describe()}: {norm} sensitivity {m.sensitivity:g}, "
@@ -52,7 +57,8 @@ def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -
             f"{options.confidence:.0%} ± {m.half_width:.6g}")
     for agg in analysis.aggregates:
         parts = ", ".join(plan.measurements[i].column for i in agg.statistics)
-        lines.append(f"  {agg.sql} from {parts}")
+        lines.append(f"  {agg.sql} from {parts}"
+                     + (f", debiased: {agg.rule.mechanism}" if agg.rule.mechanism else ""))
     if rewritten_sql is not None:
         lines.append("Rewritten SQL (a parameter, if any, is a salt drawn afresh per query):")
         lines.append(f"  {rewritten_sql}")

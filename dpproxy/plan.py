@@ -73,7 +73,9 @@ class Measurement:
     column: str  # its column in the rewritten SQL
     statistic: Statistic
     sensitivity: float  # L1 for Laplace, L2 for Gaussian, of the vector over all groups
-    noise: NoiseSpec
+    # None: an exact statistic, released without central noise (local-DP reports in a table
+    # with public membership; see analyze/ldp.py)
+    noise: NoiseSpec | None
     half_width: float  # at the plan's confidence level
 
 
@@ -91,8 +93,8 @@ class QueryPlan:
 
     @property
     def cost(self) -> Cost:
-        if not self.reads_data:
-            return Cost(0.0, 0.0)
+        if self.selection is None and all(m.noise is None for m in self.measurements):
+            return Cost(0.0, 0.0)  # nothing noised: reads no data, or only exact statistics
         uses_delta = self.options.mechanism == "gaussian" or self.selection is not None
         return Cost(self.options.epsilon, self.options.delta if uses_delta else 0.0)
 
@@ -103,7 +105,7 @@ class QueryPlan:
         lies outside zCDP (partition selection's threshold)."""
         cost = self.cost
         rho = sum(m.noise.rho if m.noise.rho is not None else m.noise.epsilon ** 2 / 2
-                  for m in self.measurements)
+                  for m in self.measurements if m.noise is not None)
         outside_delta = 0.0
         if self.selection is not None:
             sel = self.selection
@@ -143,9 +145,12 @@ def plan_query(analysis: Analysis, options: QueryOptions) -> QueryPlan:
     group keys are private) and calibrate each one's noise."""
     bound = contribution_bound(analysis)
     selecting = not analysis.public_groups
-    shares = len(analysis.statistics) + (1 if selecting else 0)
+    shares = sum(not s.exact for s in analysis.statistics) + (1 if selecting else 0)
     measurements = []
     for index, statistic in enumerate(analysis.statistics):
+        if statistic.exact:  # already private (local DP): computed, not noised, not charged
+            measurements.append(Measurement(f"m{index}", statistic, 0.0, None, 0.0))
+            continue
         sensitivity = statistic_sensitivity(statistic, bound, options.mechanism)
         epsilon = options.epsilon / shares
         delta = options.delta / shares if options.mechanism == "gaussian" else 0.0

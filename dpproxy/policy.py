@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .errors import InvalidPolicy
+from .local import RandomizedResponse, UnaryEncoding
 
 ColumnType = Literal["int", "float", "text", "date", "bool"]
 MechanismName = Literal["laplace", "gaussian"]
@@ -30,6 +31,9 @@ ACCOUNTING: tuple[str, ...] = ("basic", "zcdp")
 BUDGET_WINDOWS: tuple[str, ...] = ("never", "daily", "weekly", "monthly")
 BACKENDS: tuple[str, ...] = ("duckdb", "postgres")
 ROLES: tuple[str, ...] = ("analyst", "admin")
+LDP_MECHANISMS: tuple[str, ...] = ("randomized_response", "unary")
+MEMBERSHIP: tuple[str, ...] = ("private", "public")
+LocalDP = RandomizedResponse | UnaryEncoding
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,9 @@ class ColumnPolicy:
     upper: float | None = None
     public_values: tuple[Any, ...] | None = None  # keys that may be released as GROUP BY keys
     nullable: bool = True
+    # Collected under local DP: the column holds randomized reports (randomized response: a
+    # boolean; unary encoding: a boolean array in domain order). Never read raw.
+    ldp: LocalDP | None = None
 
     @property
     def bounded(self) -> bool:
@@ -61,6 +68,10 @@ class TablePolicy:
     max_groups_per_unit: int = 1
     max_rows_per_unit: int = 1
     total_budget: Budget | None = None
+    # "public": who is in the table, and its columns other than local-DP ones, are public
+    # (a survey's roster), so local-DP aggregates are released without central noise or
+    # charge. "private" (the default): their row counts and report sums are noised and charged.
+    membership: str = "private"
 
 
 @dataclass(frozen=True)
@@ -78,6 +89,10 @@ class BackendConfig:
     path: Path | None = None
     dsn: str | None = None
     demo_seed: int | None = None  # set: build the demo database at `path` when it is missing
+    # PostgreSQL's password, never in the policy: the environment variable holding it, or
+    # a .pgpass-style file (libpq's PGPASSWORD / ~/.pgpass also apply when neither is set)
+    password_env: str | None = None
+    passfile: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -227,7 +242,7 @@ def _column(table: _Checker, name: str) -> ColumnPolicy:
     if not isinstance(spec, dict):
         table.fail(name, "expected a table such as { type = \"int\", lower = 0, upper = 100 }")
     col = _Checker(table.file, f"{table.where}.{name}", spec,
-                   {"type", "lower", "upper", "public_values", "nullable"})
+                   {"type", "lower", "upper", "public_values", "nullable", "ldp"})
     ctype = col.choice("type", COLUMN_TYPES, "")
     lower, upper = col.number("lower"), col.number("upper")
     if (lower is None) != (upper is None):
@@ -251,7 +266,57 @@ def _column(table: _Checker, name: str) -> ColumnPolicy:
             col.fail("public_values", "must list at least one value")
         public = tuple(values)
     nullable = col.get("nullable", bool, True)
-    return ColumnPolicy(name, ctype, lower, upper, public, nullable)  # type: ignore[arg-type]
+    ldp = _local_dp(col, ctype) if "ldp" in spec else None
+    if ldp is not None and (lower is not None or public is not None):
+        col.fail("ldp", "a local-DP column holds randomized reports: it has no bounds and no "
+                 "public_values")
+    return ColumnPolicy(name, ctype, lower, upper, public, nullable,  # type: ignore[arg-type]
+                        ldp)
+
+
+def _local_dp(col: _Checker, ctype: str) -> LocalDP:
+    """`ldp = {…}`: the column was randomized on each respondent's device (dpproxy.local)."""
+    sub = col.sub("ldp", {"mechanism", "epsilon", "f", "h", "s", "domain", "p", "q",
+                          "variant"})
+    assert sub is not None
+    mechanism = sub.choice("mechanism", LDP_MECHANISMS, "")
+    given = [k for k in sub.data if k != "mechanism"]
+    try:
+        if mechanism == "randomized_response":
+            if ctype != "bool":
+                col.fail("ldp", f"randomized_response answers yes/no: the column needs "
+                         f"type = \"bool\", not {ctype}")
+            forms = {("epsilon",), ("f",), ("h",), ("h", "s")}
+            if tuple(sorted(given)) not in forms:
+                sub.fail(None, "give exactly one of epsilon = …, f = … (P(yes | yes)), or "
+                         "h = … with optional s = … (the two coins)")
+            if "epsilon" in sub.data:
+                return RandomizedResponse.from_epsilon(
+                    sub.number("epsilon", low=0.0, low_open=True) or 0.0)
+            if "f" in sub.data:
+                return RandomizedResponse.from_f(sub.number("f") or 0.0)
+            return RandomizedResponse.from_coins(sub.number("h") or 0.0,
+                                                 sub.number("s", 0.5) or 0.0)
+        if ctype not in ("text", "int"):
+            col.fail("ldp", f"unary encoding needs a text or int column, not {ctype}")
+        domain = sub.get("domain", list, required=True)
+        for i, value in enumerate(domain):
+            if not isinstance(value, _VALUE_TYPES[ctype]) or isinstance(value, bool):
+                sub.fail("domain", f"item {i} ({value!r}) is not a {ctype} value")
+        rest = sorted(set(given) - {"domain"})
+        if rest == ["p", "q"]:
+            return UnaryEncoding(tuple(domain), sub.number("p") or 0.0, sub.number("q") or 0.0)
+        if rest in (["epsilon"], ["epsilon", "variant"]):
+            variant = sub.choice("variant", ("optimized", "symmetric"), "optimized")
+            epsilon = sub.number("epsilon", low=0.0, low_open=True) or 0.0
+            build = UnaryEncoding.optimized if variant == "optimized" else \
+                UnaryEncoding.symmetric
+            return build(tuple(domain), epsilon)
+        sub.fail(None, "give domain = [...] with either p = … and q = …, or epsilon = … "
+                 "(variant = \"optimized\" (default) or \"symmetric\")")
+    except ValueError as exc:
+        sub.fail(None, str(exc))
+    raise AssertionError("unreachable")
 
 
 def _table(top: _Checker, name: str, spec: Any) -> TablePolicy:
@@ -259,7 +324,7 @@ def _table(top: _Checker, name: str, spec: Any) -> TablePolicy:
         top.fail(name, "expected a table")
     t = _Checker(top.file, f"tables.{name}", spec,
                  {"public", "privacy_unit", "max_groups_per_unit", "max_rows_per_unit",
-                  "total_budget", "columns"})
+                  "total_budget", "columns", "membership"})
     public = t.get("public", bool, False)
     cols = t.sub("columns", set(spec.get("columns", {})) if isinstance(spec.get("columns"), dict)
                  else set(), required=True)
@@ -277,7 +342,13 @@ def _table(top: _Checker, name: str, spec: Any) -> TablePolicy:
     for key, value in (("max_groups_per_unit", groups), ("max_rows_per_unit", rows)):
         if value < 1:
             t.fail(key, f"must be a positive integer, got {value}")
-    return TablePolicy(name, columns, public, unit, groups, rows, _budget(t, "total_budget"))
+    membership = t.choice("membership", MEMBERSHIP, "private")
+    if unit is not None and columns[unit].ldp is not None:
+        t.fail("privacy_unit", f"{unit!r} is a local-DP column")
+    if public and any(c.ldp is not None for c in columns.values()):
+        t.fail("public", "a public table cannot hold local-DP columns")
+    return TablePolicy(name, columns, public, unit, groups, rows, _budget(t, "total_budget"),
+                       membership)
 
 
 def _is_scram_verifier(text: str) -> bool:
@@ -375,7 +446,8 @@ def parse_policy(raw: Mapping[str, Any], file: Path) -> Policy:
                                    "ledger", "audit", "server"})
     database = top.get("database", str, file.stem)
 
-    be = top.sub("backend", {"kind", "path", "dsn", "demo_seed"}, required=True)
+    be = top.sub("backend", {"kind", "path", "dsn", "demo_seed", "password_env", "passfile"},
+                 required=True)
     assert be is not None
     kind = be.choice("kind", BACKENDS, "duckdb")
     bpath = be.get("path", str)
@@ -384,8 +456,13 @@ def parse_policy(raw: Mapping[str, Any], file: Path) -> Policy:
         be.fail("path", "a duckdb backend needs path = \"file.duckdb\"")
     if kind == "postgres" and dsn is None:
         be.fail("dsn", "a postgres backend needs dsn = \"postgresql://…\"")
+    if dsn is not None and _dsn_has_password(dsn):
+        be.fail("dsn", "must not contain a password: set password_env = \"VARIABLE\" or "
+                "passfile = \"file\" (.pgpass format)")
+    passfile = be.get("passfile", str)
     backend = BackendConfig(kind, (base / bpath).resolve() if bpath else None, dsn,  # type: ignore[arg-type]
-                            be.get("demo_seed", int))
+                            be.get("demo_seed", int), be.get("password_env", str),
+                            (base / passfile).resolve() if passfile else None)
 
     pr = top.sub("privacy", {"default_epsilon", "default_delta", "mechanism", "accounting",
                              "confidence", "min_units_per_group", "budget_window"})
@@ -423,3 +500,13 @@ def parse_policy(raw: Mapping[str, Any], file: Path) -> Policy:
     version = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode())
     return Policy(file, database, backend, privacy, tables, analysts, ledger_path, audit_path,
                   _server(top, base), version.hexdigest()[:16])
+
+
+def _dsn_has_password(dsn: str) -> bool:
+    """Whether a libpq connection string or URI carries a password."""
+    import psycopg
+
+    try:
+        return bool(psycopg.conninfo.conninfo_to_dict(dsn).get("password"))
+    except psycopg.ProgrammingError:
+        return False  # not a valid DSN: connecting will say so

@@ -14,10 +14,11 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
-from .analyze import Analysis, GroupKey, Output
+from .analyze import AggregateCall, Analysis, GroupKey, Output
 from .analyze.aggregates import combine, interval
-from .mechanisms import half_width, release_many
+from .mechanisms import NoiseSpec, half_width, release_many
 from .plan import QueryPlan
 from .postprocess import Value, evaluate
 from .selection import SelectionSpec, effective_threshold
@@ -76,7 +77,6 @@ def _exact_by_group(analysis: Analysis, rows: Sequence[tuple[object, ...]], key_
 def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
     """Noisy rows for the plan's outputs from the backend's exact per-group rows."""
     analysis = plan.analysis
-    confidence = plan.options.confidence
     exact = _exact_by_group(analysis, rows, len(analysis.keys))
     if plan.selection is None:
         groups = [tuple(g) for g in itertools.product(*(k.values or () for k in analysis.keys))]
@@ -86,15 +86,10 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
 
     # One vector per measurement over all groups: the noise spec covers the whole vector.
     noisy_by_measurement = [
-        release_many([_finite(exact.get(g, zeros)[i]) for g in groups], m.noise)
+        _noised([_finite(exact.get(g, zeros)[i]) for g in groups], m.noise)
         for i, m in enumerate(plan.measurements)
     ]
-    # Intervals for aggregates of several statistics hold jointly (Bonferroni).
-    level_half = [
-        [half_width(plan.measurements[i].noise, 1 - (1 - confidence) / len(agg.statistics))
-         for i in agg.statistics]
-        for agg in analysis.aggregates
-    ]
+    level_half = [_half_widths(agg, plan) for agg in analysis.aggregates]
 
     table_rows: list[dict[str, Value]] = []
     table_intervals: list[dict[str, Interval]] = []
@@ -129,6 +124,25 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
                            for o in analysis.outputs) for i in selected]
     return Released(tuple(o.name for o in analysis.outputs), out_rows,
                     tuple(_accuracy(o, plan) for o in analysis.outputs), out_intervals)
+
+
+def _noised(values: list[float], noise: NoiseSpec | None) -> Sequence[float]:
+    # an exact statistic (local-DP reports, public membership) is released as computed
+    return values if noise is None else release_many(values, noise)
+
+
+def _half_widths(agg: AggregateCall, plan: QueryPlan) -> list[float]:
+    """Half-widths of an aggregate's statistics at a level such that its interval holds
+    jointly over every source of error (Bonferroni): each noised statistic and, for a
+    local-DP rule, the sampling error of the randomized reports, whose entry (appended) is
+    the standard normal quantile at that level."""
+    noises = [plan.measurements[i].noise for i in agg.statistics]
+    sources = sum(n is not None for n in noises) + (1 if agg.rule.local_sampling else 0)
+    level = 1 - (1 - plan.options.confidence) / max(sources, 1)
+    halves = [half_width(n, level) if n is not None else 0.0 for n in noises]
+    if agg.rule.local_sampling:
+        halves.append(NormalDist().inv_cdf(0.5 + level / 2))
+    return halves
 
 
 def _select_groups(selection: SelectionSpec, exact: dict[tuple[object, ...], tuple[float, ...]]
@@ -168,12 +182,16 @@ def _accuracy(output: Output, plan: QueryPlan) -> ColumnAccuracy | None:
         return None
     agg = plan.analysis.aggregates[output.aggregate]
     measurements = [plan.measurements[i] for i in agg.statistics]
-    spec = measurements[0].noise
+    noises = [m.noise for m in measurements if m.noise is not None]
+    # local-DP aggregates name their randomization, and the central noise if there is any
+    mechanism = " + ".join([*([agg.rule.mechanism] if agg.rule.mechanism else []),
+                            *sorted({n.mechanism for n in noises})])
     return ColumnAccuracy(
-        name=output.name, aggregate=agg.sql, mechanism=spec.mechanism,
-        noise_scales=tuple(m.noise.scale for m in measurements),
-        epsilon=sum(m.noise.epsilon for m in measurements),
-        delta=sum(m.noise.delta for m in measurements),
+        name=output.name, aggregate=agg.sql, mechanism=mechanism,
+        noise_scales=tuple(m.noise.scale if m.noise is not None else 0.0
+                           for m in measurements),
+        epsilon=sum(n.epsilon for n in noises),
+        delta=sum(n.delta for n in noises),
         confidence=plan.options.confidence,
         half_width=measurements[0].half_width if len(measurements) == 1 else None)
 

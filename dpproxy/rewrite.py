@@ -31,6 +31,7 @@ from .analyze.aggregates import Statistic
 from .analyze.expressions import make_resolver, type_row_expression
 from .plan import QueryPlan
 from .policy import ColumnPolicy, TablePolicy
+from .rewrite_postgres import clamp_source_postgres, make_total_postgres
 
 UNIT = "__unit"
 ROW_RANK = "__row_rank"
@@ -59,8 +60,12 @@ def new_salt() -> str:
     return secrets.token_hex(16)
 
 
-def make_total(node: exp.Expression, table: TablePolicy) -> exp.Expression:
-    """A copy of a row expression that cannot raise on any data: DOUBLE, NULLIF, TRY_CAST."""
+def make_total(node: exp.Expression, table: TablePolicy, dialect: str = "duckdb"
+               ) -> exp.Expression:
+    """A copy of a row expression that cannot raise on any data: DOUBLE, NULLIF, TRY_CAST
+    (on PostgreSQL: NUMERIC, NULLIF and guarded casts, see `rewrite_postgres`)."""
+    if dialect == "postgres":
+        return make_total_postgres(node, table)
     resolve = make_resolver(table.name, None, table.columns)
     # Types are read off the original tree, before any node is replaced.
     def integer(n: exp.Expression) -> bool:
@@ -136,11 +141,15 @@ def _is_numeric_type(to: exp.DataType) -> bool:
     return to.is_type(*exp.DataType.NUMERIC_TYPES)
 
 
-def _clamped(statistic: Statistic, table: TablePolicy) -> exp.Expression:
+def _clamped(statistic: Statistic, table: TablePolicy, dialect: str) -> exp.Expression:
     assert statistic.argument is not None
-    value = make_total(statistic.argument, table)
+    if dialect == "postgres":  # NUMERIC, or DOUBLE PRECISION for a bare column
+        value, number = clamp_source_postgres(statistic.argument, table, statistic.lower,
+                                              statistic.upper)
+    else:
+        value, number = make_total(statistic.argument, table, dialect), _DOUBLE
     clamp = exp.Least(
-        this=exp.Greatest(this=exp.cast(value.copy(), _DOUBLE),
+        this=exp.Greatest(this=exp.cast(value.copy(), number),
                           expressions=[exp.Literal.number(statistic.lower)], ignore_nulls=True),
         expressions=[exp.Literal.number(statistic.upper)], ignore_nulls=True)
     if statistic.integer_valued:
@@ -166,10 +175,13 @@ def _key_literal(value: object, column: ColumnPolicy) -> exp.Expression:
 
 def _group_hash(dialect: str, parts: Sequence[exp.Expression]) -> exp.Expression:
     """A per-query pseudo-random order of (unit, group) pairs; the salt is a parameter."""
-    salted = [*parts, exp.Placeholder()]
     if dialect == "duckdb":
-        return exp.Anonymous(this="hash", expressions=salted)
-    text = exp.Concat(expressions=[exp.cast(p, "TEXT") for p in salted], safe=True)
+        return exp.Anonymous(this="hash", expressions=[*parts, exp.Placeholder()])
+    # PostgreSQL: $1, for psycopg's raw cursor (a `%s` would make every `%` of the
+    # statement a placeholder, LIKE patterns and modulo included); CONCAT skips NULL keys
+    salted = [*parts, exp.Parameter(this=exp.Literal.number(1))]
+    text = exp.Concat(expressions=[exp.cast(p, "TEXT") for p in salted], safe=True,
+                      coalesce=True)
     return exp.MD5(this=text)
 
 
@@ -201,9 +213,9 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     for index, measurement in enumerate(plan.measurements):
         statistic = measurement.statistic
         if statistic.kind == "sum":
-            value: exp.Expression | None = _clamped(statistic, table)
+            value: exp.Expression | None = _clamped(statistic, table, dialect)
         elif statistic.kind == "count" and statistic.argument is not None:
-            value = make_total(statistic.argument, table)
+            value = make_total(statistic.argument, table, dialect)
         else:
             value = None
         if value is None:
@@ -214,7 +226,7 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
 
     where = analysis.where
     if where is not None:
-        filters.insert(0, make_total(where, table))
+        filters.insert(0, make_total(where, table, dialect))
     unit = exp.column(bound.privacy_unit, quoted=True) if bound.privacy_unit else None
     if unit is not None:
         inner_items.append(exp.alias_(unit, UNIT))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,20 +22,60 @@ def demo_database(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_demo(tmp_path_factory.mktemp("demo") / "demo.duckdb", seed=DEFAULT_SEED)
 
 
+@pytest.fixture(scope="session")
+def pg_dsn() -> Iterator[str]:
+    """Admin DSN of a PostgreSQL server (see tests/pg.py); skips without one, except in
+    CI (CI=true), where it fails."""
+    from tests.pg import PostgresUnavailable, postgres_server
+
+    with contextlib.ExitStack() as stack:
+        try:
+            dsn = stack.enter_context(postgres_server())
+        except PostgresUnavailable as exc:
+            if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+                pytest.fail(f"PostgreSQL is required in CI: {exc}")
+            pytest.skip(f"no PostgreSQL: {exc}")
+        yield dsn
+
+
+@pytest.fixture(scope="session")
+def pg_demo_dsn(pg_dsn: str) -> Iterator[str]:
+    """A throwaway database holding the demo tables, the same rows as `demo_database`."""
+    from dpproxy.demo import load_demo_postgres
+    from tests.pg import scratch_database
+
+    with scratch_database(pg_dsn) as dsn:
+        load_demo_postgres(dsn, seed=DEFAULT_SEED)
+        yield dsn
+
+
+@pytest.fixture
+def backend_kind() -> str:
+    """The backend `make_policy` points at; a module overrides it to run on both."""
+    return "duckdb"
+
+
 PolicyFactory = Callable[..., Path]
 
 
 @pytest.fixture
-def make_policy(tmp_path: Path, demo_database: Path) -> PolicyFactory:
-    """Write a copy of the demo policy into tmp_path, on the shared demo database, with its
-    own ledger and audit log; `replace` maps TOML snippets to their replacements."""
+def make_policy(tmp_path: Path, demo_database: Path, backend_kind: str,
+                request: pytest.FixtureRequest) -> PolicyFactory:
+    """Write a copy of the demo policy into tmp_path, on the shared demo database (in
+    DuckDB, or in PostgreSQL when `backend_kind` says so), with its own ledger and audit
+    log; `replace` maps TOML snippets to their replacements."""
     counter = iter(range(1_000_000))
+    pg_dsn = request.getfixturevalue("pg_demo_dsn") if backend_kind == "postgres" else None
 
     def make(replace: dict[str, str] | None = None, text: str | None = None) -> Path:
         source = text if text is not None else DEMO_POLICY.read_text()
         n = next(counter)
         source = source.replace('path = "../data/demo.duckdb"',
                                 f'path = "{demo_database.as_posix()}"')
+        if pg_dsn is not None and text is None:
+            source = re.sub(r'\[backend\]\n[^\[]*',
+                            f'[backend]\nkind = "postgres"\ndsn = "{pg_dsn}"\n\n', source,
+                            count=1)
         source = re.sub(r'\[ledger\]\npath = "[^"]*"', f'[ledger]\npath = "ledger{n}.sqlite"',
                         source)
         source = re.sub(r'\[audit\]\npath = "[^"]*"', f'[audit]\npath = "audit{n}.jsonl"',

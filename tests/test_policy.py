@@ -79,6 +79,16 @@ def test_demo_policy_loads_as_the_issue_describes() -> None:
     assert policy.database == "demo"
     assert len(policy.version) == 16
 
+
+def test_demo_password_verifier_matches_the_documented_password() -> None:
+    from dpproxy.server.scram import verify_password
+
+    verifier = load_policy(DEMO_POLICY).analyst("alice").password_scram
+    assert verifier is not None
+    assert verify_password("alice-demo", verifier)
+    assert not verify_password("alice-demo ", verifier)
+
+
 def test_unknown_analyst_names_the_known_ones() -> None:
     policy = load_policy(DEMO_POLICY)
     with pytest.raises(InvalidPolicy) as info:

@@ -39,6 +39,13 @@ NO_VISITS = {'tables = ["adult", "visits", "occupation_groups"]':
 
 # -- fixtures -------------------------------------------------------------------------------------
 
+@pytest.fixture(params=["duckdb", "postgres"])
+def backend_kind(request: pytest.FixtureRequest) -> str:
+    """Every test here that builds an engine runs on both backends, loaded with the same
+    demo rows: the exact answers below (computed with DuckDB) hold for both."""
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
 def exact_db(demo_database: Path, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[duckdb.DuckDBPyConnection]:

@@ -7,7 +7,8 @@ The passes run in this order, each small and named after what it checks:
 3. `_check_where`      the row predicate is an allowlisted, deterministic boolean expression
 4. `_resolve_keys`     GROUP BY keys are columns, never the privacy unit (keys without public
                        values go through partition selection)
-5. `_collect_aggregates` every aggregate is in the rule table and its argument is bounded
+5. `_collect_aggregates` every aggregate is in the rule table and its argument is bounded;
+                       local-DP columns are read only through their rules (`ldp.py`)
 6. `_resolve_outputs`  outputs, HAVING and ORDER BY only post-process aggregates and keys
 
 Nothing here touches data; the result says exactly what will be measured.
@@ -44,6 +45,7 @@ from .expressions import (
     make_resolver,
     type_row_expression,
 )
+from .ldp import local_aggregate, raw_read_error, reject_raw_local
 
 __all__ = ["AggregateCall", "Analysis", "ConstantQuery", "GroupKey", "OrderItem", "Output",
            "analyze"]
@@ -245,6 +247,7 @@ def _check_where(select: exp.Select, resolve: Resolver) -> exp.Expression | None
     where = select.args.get("where")
     if where is None:
         return None
+    reject_raw_local(where.this, resolve, "WHERE")
     predicate = coerce_literals(where.this, resolve)
     kind = type_row_expression(predicate, resolve).kind
     if kind not in ("bool", "null"):
@@ -269,6 +272,8 @@ def _resolve_keys(select: exp.Select, table: TablePolicy, resolve: Resolver
                 f"GROUP BY {node.sql('postgres')} is not supported",
                 hint="group by columns whose values the policy declares public")
         column = resolve(node)
+        if column.ldp is not None:
+            raise raw_read_error(column, "GROUP BY")
         if column.name == table.privacy_unit:
             raise PrivacyViolation(
                 f"GROUP BY the privacy unit {column.name} would release one group per unit",
@@ -356,10 +361,11 @@ def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolve
             if node.parent is not None and isinstance(node.parent, exp.Filter):
                 raise NotSupportedError("aggregate FILTER (WHERE …) is not supported",
                                         hint="use CASE WHEN … THEN … END inside the aggregate")
-            rule_name, arg = _aggregate_parts(node, table)
+            local = local_aggregate(node, table, resolve)
+            rule_name, arg = ("local", None) if local else _aggregate_parts(node, table)
             if arg is not None:
                 arg = coerce_literals(arg, resolve)
-            rule = RULES[rule_name]
+            rule = local[0] if local else RULES[rule_name]
             arg_type = None
             if arg is not None:
                 arg_type = type_row_expression(arg, resolve)
@@ -373,7 +379,7 @@ def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolve
                             "person could change the result without limit",
                             hint=_clamp_hint(rule_name.upper(), arg, arg_type))
             indexes = []
-            for statistic in rule.statistics(arg, arg_type):
+            for statistic in (local[1] if local else rule.statistics(arg, arg_type)):
                 same = next((i for i, s in enumerate(statistics)
                              if s.identity == statistic.identity), None)
                 if same is None:
@@ -393,6 +399,8 @@ def _resolve_outputs(select: exp.Select, keys: tuple[GroupKey, ...],
 
     def check_key(node: exp.Column) -> None:
         column = resolve(node)
+        if column.ldp is not None:
+            raise raw_read_error(column, "reading it outside COUNT or AVG")
         if column.name not in key_names:
             raise PrivacyViolation(
                 f"column {column.name} is neither aggregated nor a GROUP BY key: its raw "

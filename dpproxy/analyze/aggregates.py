@@ -28,6 +28,9 @@ class Statistic:
     For "sum", each row contributes clamp(argument, lower, upper) - center; for
     "count", 1 per row where the argument is not NULL (every row when argument is
     None); for "count_units", 1 per privacy unit in the group.
+
+    An `exact` statistic is released without central noise: only local-DP aggregates over a
+    table with public membership have them (see `analyze/ldp.py`).
     """
 
     kind: StatisticKind
@@ -36,6 +39,7 @@ class Statistic:
     upper: float = 0.0
     center: float = 0.0
     integer_valued: bool = True
+    exact: bool = False
 
     @property
     def row_contribution(self) -> float:
@@ -48,7 +52,7 @@ class Statistic:
     def identity(self) -> tuple[object, ...]:
         """Equal identities compute the same number: measure it once."""
         arg = self.argument.sql("postgres") if self.argument is not None else None
-        return (self.kind, arg, self.lower, self.upper, self.center)
+        return (self.kind, arg, self.lower, self.upper, self.center, self.exact)
 
     def describe(self) -> str:
         arg = self.argument.sql("postgres") if self.argument is not None else "*"
@@ -75,6 +79,11 @@ class AggregateRule:
     interval: Callable[[Values, Values, Stats], Interval]
     value_range: Callable[[Stats], Interval]
     integer_result: Callable[[Stats], bool]
+    # Local-DP rules: the value also carries sampling error from the randomized reports, so
+    # `interval` gets one more half-width, the standard normal quantile at the same level,
+    # which the rule scales by its own standard error. `mechanism` names the randomization.
+    local_sampling: bool = False
+    mechanism: str | None = None
 
 
 def _clip(value: float, bounds: Interval) -> float:

@@ -33,7 +33,11 @@ def open_backend(policy: Policy) -> Backend:
         from .duckdb import DuckDBBackend
 
         return DuckDBBackend.open(policy)
+    if policy.backend.kind == "postgres":
+        from .postgres import PostgresBackend
+
+        return PostgresBackend.open(policy)
     from ..errors import NotSupportedError
 
     raise NotSupportedError(f"backend kind {policy.backend.kind!r} is not available yet",
-                            hint="use kind = \"duckdb\"")
+                            hint="use kind = \"duckdb\" or \"postgres\"")

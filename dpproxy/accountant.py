@@ -1,4 +1,4 @@
-"""The privacy budget ledger: durable, atomic check-and-charge over a SQLite file.
+"""The privacy budget ledger: durable, atomic check-and-charge in SQLite or PostgreSQL.
 
 A budget belongs to an *account* (``"analyst:alice"``, ``"table:adult"``). A query
 charges a list of accounts in one transaction and runs only if every one can pay.
@@ -22,9 +22,15 @@ Answer cache: a charge may claim a cache key in the same transaction, so two ses
 asking the same query cannot both pay and release two different noisy answers; the answer
 is stored before it is returned.
 
-Concurrency: one sqlite3 connection per Ledger guarded by a lock (threads), WAL,
-``BEGIN IMMEDIATE`` and a busy timeout (other Ledgers and processes on the file),
-``synchronous=FULL`` so a charge is on disk before ``charge()`` returns.
+Storage: one Ledger class holds every rule; a small storage adapter says how to talk to
+the database. `SQLiteStorage` (the default, one proxy): one connection per Ledger guarded
+by a lock (threads), WAL, ``BEGIN IMMEDIATE`` and a busy timeout (other Ledgers and
+processes on the file), ``synchronous=FULL`` so a charge is on disk before ``charge()``
+returns. `PostgresStorage` (several proxies on one ledger): the same SQL (``?`` becomes
+``%s``), a READ COMMITTED transaction that locks the charged account rows with ``SELECT …
+FOR UPDATE`` in sorted order (and the claimed cache key with an advisory lock, taken
+first), ``synchronous_commit=on``; the tables live in their own schema, created and
+migrated under an advisory lock, versioned in ``dpproxy_ledger_meta``.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Protocol
+from typing import Any, Protocol
 
 from .errors import (
     BudgetExceeded,
@@ -116,6 +122,57 @@ ALTER TABLE accounts ADD COLUMN window_start REAL;
 ALTER TABLE charges ADD COLUMN rho TEXT NOT NULL DEFAULT '0';
 ALTER TABLE charges ADD COLUMN zcdp_delta TEXT NOT NULL DEFAULT '0';
 """ + _ANSWERS
+
+# The same tables in PostgreSQL: DOUBLE PRECISION times, identity columns for the order
+# that SQLite's rowid gives, and the schema version in a table of its own.
+_PG_SCHEMA = """
+CREATE TABLE accounts (
+    account        TEXT PRIMARY KEY,
+    budget_epsilon TEXT NOT NULL,
+    budget_delta   TEXT NOT NULL,
+    spent_epsilon  TEXT NOT NULL DEFAULT '0',
+    spent_delta    TEXT NOT NULL DEFAULT '0',
+    spent_rho        TEXT NOT NULL DEFAULT '0',
+    spent_zcdp_delta TEXT NOT NULL DEFAULT '0',
+    window_start     DOUBLE PRECISION
+);
+CREATE TABLE charges (
+    seq       BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE,
+    charge_id TEXT PRIMARY KEY,
+    at        DOUBLE PRECISION NOT NULL,
+    analyst   TEXT NOT NULL,
+    statement TEXT NOT NULL,
+    epsilon   TEXT NOT NULL,
+    delta     TEXT NOT NULL,
+    rho        TEXT NOT NULL DEFAULT '0',
+    zcdp_delta TEXT NOT NULL DEFAULT '0'
+);
+CREATE TABLE charge_accounts (
+    seq       BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE,
+    charge_id TEXT NOT NULL REFERENCES charges (charge_id),
+    account   TEXT NOT NULL REFERENCES accounts (account),
+    PRIMARY KEY (charge_id, account)
+);
+CREATE INDEX charge_accounts_by_account ON charge_accounts (account);
+CREATE TABLE admin_events (
+    event_id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at       DOUBLE PRECISION NOT NULL,
+    "by"     TEXT NOT NULL,
+    account  TEXT NOT NULL,
+    action   TEXT NOT NULL,
+    epsilon  TEXT NOT NULL,
+    delta    TEXT NOT NULL
+);
+CREATE TABLE answers (
+    analyst   TEXT NOT NULL,
+    cache_key TEXT NOT NULL,
+    charge_id TEXT NOT NULL,
+    at        DOUBLE PRECISION NOT NULL,
+    answer    TEXT,
+    PRIMARY KEY (analyst, cache_key)
+);
+CREATE TABLE dpproxy_ledger_meta (version INTEGER NOT NULL);
+"""
 
 # Sums of repr'd floats are exact at 50 digits; the rounding mode only matters beyond.
 _UP = decimal.Context(prec=50, rounding=decimal.ROUND_CEILING)
@@ -252,7 +309,7 @@ def _check_cost(cost: _CostLike, what: str) -> tuple[Decimal, Decimal]:
     return values[0], values[1]
 
 
-def _set_wal(db: sqlite3.Connection, timeout: float) -> None:
+def _set_wal(db: Any, timeout: float) -> None:
     """Switch to WAL. On a file that other connections are creating at the same moment,
     SQLite can answer "locked" here without waiting on the busy timeout: retry."""
     deadline = time.monotonic() + timeout
@@ -293,19 +350,204 @@ def _check_name(value: object, what: str) -> str:
     return value
 
 
-class Ledger:
-    """The budget ledger on one SQLite file; safe to share between threads.
+class SQLiteStorage:
+    """The ledger in one SQLite file (the default: one proxy, or processes on one host)."""
 
-    Several Ledgers (in threads or processes) may open the same file; charges serialize
-    through SQLite's write lock. Do not carry a Ledger across fork(): open a new one.
+    kind = "sqlite"
+    order = "rowid"  # insertion order of charges and their accounts
+
+    def __init__(self, path: str | os.PathLike[str], timeout: float = 30.0) -> None:
+        self.path = os.fspath(path)
+        self.name = self.path
+        self.timeout = timeout
+        self.errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
+
+    def connect(self) -> sqlite3.Connection:
+        try:
+            # isolation_level=None: we issue BEGIN/COMMIT ourselves
+            return sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None,
+                                   check_same_thread=False)
+        except sqlite3.Error as e:
+            raise OperationalError(f"cannot open privacy ledger {self.path}: {e}") from None
+
+    def configure(self, db: Any) -> None:
+        db.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
+        _set_wal(db, self.timeout)
+        db.execute("PRAGMA synchronous = FULL")
+        db.execute("PRAGMA fullfsync = ON")  # macOS: fsync alone does not reach the disk
+        db.execute("PRAGMA foreign_keys = ON")
+
+    def usable(self, db: Any) -> bool:
+        return True
+
+    def begin_write(self, db: Any) -> None:
+        db.execute("BEGIN IMMEDIATE")  # the file's write lock serializes every writer
+
+    def begin_read(self, db: Any) -> None:
+        db.execute("BEGIN")
+
+    def lock_accounts(self, db: Any, accounts: Sequence[str]) -> None:
+        """Nothing to do: BEGIN IMMEDIATE already holds the whole file."""
+
+    def lock_claim(self, db: Any, analyst: str, key: str) -> None:
+        """Nothing to do: BEGIN IMMEDIATE already holds the whole file."""
+
+    def prepare(self, db: Any) -> None:
+        """Nothing to do: the file is the ledger."""
+
+    def version(self, db: Any) -> int:
+        return int(db.execute("PRAGMA user_version").fetchone()[0])
+
+    def has_tables(self, db: Any) -> bool:
+        return bool(db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0])
+
+    def create(self, db: Any) -> None:
+        for stmt in _SCHEMA.split(";"):
+            if stmt.strip():
+                db.execute(stmt)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def set_version(self, db: Any, version: int) -> None:
+        db.execute(f"PRAGMA user_version = {int(version)}")
+
+
+class _PgConnection:
+    """A psycopg connection (autocommit: we issue BEGIN/COMMIT) that takes the ledger's
+    ``?`` placeholders; its ``execute`` returns a cursor like sqlite3's."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        return self.conn.execute(sql.replace("?", "%s"), tuple(params) or None)
+
+    @property
+    def in_transaction(self) -> bool:
+        from psycopg.pq import TransactionStatus
+
+        return bool(self.conn.info.transaction_status != TransactionStatus.IDLE)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class PostgresStorage:
+    """The ledger in a PostgreSQL schema, shared by several proxies."""
+
+    kind = "postgresql"
+    order = "seq"
+
+    def __init__(self, dsn: str, schema: str = "dpproxy", *, password: str | None = None,
+                 passfile: str | None = None, timeout: float = 30.0) -> None:
+        import psycopg
+
+        if not schema or '"' in schema or "\0" in schema:
+            raise InvalidParameterValue(f"invalid ledger schema name {schema!r}")
+        self.dsn, self.schema = dsn, schema
+        self.timeout = timeout
+        self._password, self._passfile = password, passfile
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+        self.name = (f"postgresql://{info.get('host') or 'localhost'}:{info.get('port') or 5432}"
+                     f"/{info.get('dbname') or info.get('user') or ''} schema {schema}")
+        self.errors = (psycopg.Error,)
+
+    def _quoted(self) -> str:
+        return '"' + self.schema + '"'
+
+    def connect(self) -> _PgConnection:
+        import psycopg
+
+        kwargs: dict[str, Any] = {"autocommit": True, "application_name": "dpproxy-ledger",
+                                  "connect_timeout": max(1, int(self.timeout))}
+        if self._password is not None:
+            kwargs["password"] = self._password
+        if self._passfile is not None:
+            kwargs["passfile"] = self._passfile
+        try:
+            conn = psycopg.connect(self.dsn, **kwargs)
+        except psycopg.Error as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise OperationalError(f"cannot open privacy ledger {self.name}: {first}") from None
+        try:
+            # the ledger's schema first; commits durable before charge() returns; lock
+            # waits bounded like SQLite's busy timeout
+            conn.execute(f"SET search_path = {self._quoted()}")
+            conn.execute("SET synchronous_commit = on")
+            conn.execute(f"SET lock_timeout = {int(self.timeout * 1000)}")
+        except BaseException:
+            conn.close()
+            raise
+        return _PgConnection(conn)
+
+    def configure(self, db: Any) -> None:
+        """Nothing to do: the session settings are set when connecting."""
+
+    def usable(self, db: Any) -> bool:
+        return not (db.conn.closed or db.conn.broken)
+
+    def begin_write(self, db: Any) -> None:
+        db.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+
+    def begin_read(self, db: Any) -> None:
+        db.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+
+    def lock_accounts(self, db: Any, accounts: Sequence[str]) -> None:
+        """Lock the account rows one by one in sorted order (so charges never deadlock);
+        reads after this see the latest committed spending."""
+        for account in sorted(set(accounts)):
+            db.execute("SELECT 1 FROM accounts WHERE account = ? FOR UPDATE", (account,))
+
+    def lock_claim(self, db: Any, analyst: str, key: str) -> None:
+        """Serialize charges claiming the same cache key (taken before any account lock)."""
+        db.execute("SELECT pg_advisory_xact_lock(hashtextextended(?, 0))",
+                   (f"dpproxy-claim/{self.schema}/{analyst}/{key}",))
+
+    def prepare(self, db: Any) -> None:
+        """Serialize schema creation between proxies starting together; create the schema."""
+        db.execute("SELECT pg_advisory_xact_lock(hashtextextended(?, 0))",
+                   (f"dpproxy-ledger/{self.schema}",))
+        db.execute(f"CREATE SCHEMA IF NOT EXISTS {self._quoted()}")
+
+    def version(self, db: Any) -> int:
+        if db.execute("SELECT to_regclass(?)",
+                      (f"{self._quoted()}.dpproxy_ledger_meta",)).fetchone()[0] is None:
+            return 0
+        row = db.execute("SELECT max(version) FROM dpproxy_ledger_meta").fetchone()
+        return int(row[0] or 0)
+
+    def has_tables(self, db: Any) -> bool:
+        return bool(db.execute("SELECT count(*) FROM pg_tables WHERE schemaname = ?",
+                               (self.schema,)).fetchone()[0])
+
+    def create(self, db: Any) -> None:
+        for stmt in _PG_SCHEMA.split(";"):
+            if stmt.strip():
+                db.execute(stmt)
+        db.execute("INSERT INTO dpproxy_ledger_meta (version) VALUES (?)", (SCHEMA_VERSION,))
+
+    def set_version(self, db: Any, version: int) -> None:
+        db.execute("UPDATE dpproxy_ledger_meta SET version = ?", (version,))
+
+
+Storage = SQLiteStorage | PostgresStorage
+
+
+class Ledger:
+    """The budget ledger on one SQLite file or PostgreSQL schema; safe to share between
+    threads.
+
+    Several Ledgers (in threads, processes or, on PostgreSQL, hosts) may open the same
+    storage; charges serialize through SQLite's write lock or PostgreSQL's row locks. Do
+    not carry a Ledger across fork(): open a new one.
     """
 
-    def __init__(self, path: str | os.PathLike[str], initial_budgets: Mapping[str, _CostLike],
-                 *, timeout: float = 30.0, accounting: str = "basic",
-                 window: str = "never") -> None:
-        """Open or create the SQLite ledger; accounts missing from the file are created with
-        their policy budget (the policy is the initial state; an existing account's budget in
-        the ledger is NOT overwritten by a changed policy)."""
+    def __init__(self, path: str | os.PathLike[str] | Storage,
+                 initial_budgets: Mapping[str, _CostLike], *, timeout: float = 30.0,
+                 accounting: str = "basic", window: str = "never") -> None:
+        """Open or create the ledger (a SQLite file at `path`, or the given storage);
+        accounts missing from it are created with their policy budget (the policy is the
+        initial state; an existing account's budget in the ledger is NOT overwritten by a
+        changed policy)."""
         budgets = {_check_name(a, "account"): _check_cost(c, f"budget of {a}")
                    for a, c in initial_budgets.items()}
         if accounting not in ACCOUNTING:
@@ -315,30 +557,25 @@ class Ledger:
             raise InvalidParameterValue(f"budget window must be one of {WINDOWS}, got {window!r}")
         self.accounting = accounting
         self.window = window
-        self._path = os.fspath(path)
+        self._store: Storage = (path if isinstance(path, SQLiteStorage | PostgresStorage)
+                                else SQLiteStorage(path, timeout))
+        self._path = self._store.name
         self._lock = threading.RLock()
         self._pid = os.getpid()
-        self._db: sqlite3.Connection | None = None
-        try:
-            # isolation_level=None: we issue BEGIN/COMMIT ourselves
-            db = sqlite3.connect(self._path, timeout=timeout, isolation_level=None,
-                                 check_same_thread=False)
-        except sqlite3.Error as e:
-            raise OperationalError(f"cannot open privacy ledger {self._path}: {e}") from None
+        self._db: Any = None
+        db = self._store.connect()
         self._db = db
         try:
             with self._sql():
-                db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-                _set_wal(db, timeout)
-                db.execute("PRAGMA synchronous = FULL")
-                db.execute("PRAGMA fullfsync = ON")  # macOS: fsync alone does not reach the disk
-                db.execute("PRAGMA foreign_keys = ON")
+                self._store.configure(db)
                 with self._write():
+                    self._store.prepare(db)
                     self._migrate()
                     now = time.time()
                     for account, (eps, delta) in budgets.items():
-                        cur = db.execute("INSERT OR IGNORE INTO accounts (account, budget_epsilon,"
-                                         " budget_delta) VALUES (?, ?, ?)",
+                        cur = db.execute("INSERT INTO accounts (account, budget_epsilon,"
+                                         " budget_delta) VALUES (?, ?, ?)"
+                                         " ON CONFLICT (account) DO NOTHING",
                                          (account, str(eps), str(delta)))
                         if cur.rowcount:
                             self._admin_event(now, "policy", account, "create", eps, delta)
@@ -350,58 +587,60 @@ class Ledger:
     # -- plumbing ---------------------------------------------------------------------------
 
     @contextmanager
-    def _sql(self) -> Iterator[sqlite3.Connection]:
-        """The connection, under the lock; SQLite errors become OperationalError."""
+    def _sql(self) -> Iterator[Any]:
+        """The connection, under the lock (a broken PostgreSQL connection is replaced);
+        database errors become OperationalError."""
         with self._lock:
             if self._db is None:
                 raise InterfaceError("the privacy ledger is closed")
             if os.getpid() != self._pid:
                 raise InterfaceError("a Ledger cannot be used across fork(); open a new one")
+            if not self._store.usable(self._db):
+                self._db = self._store.connect()
             try:
                 yield self._db
-            except sqlite3.Error as e:
+            except self._store.errors as e:
                 raise OperationalError(f"privacy ledger {self._path}: {e}") from None
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction: takes the file's write lock now, commits (fsync) on success."""
+    def _write(self) -> Iterator[Any]:
+        """A write transaction (SQLite: takes the file's write lock now); commits durably on
+        success."""
         with self._sql() as db:
-            db.execute("BEGIN IMMEDIATE")
+            self._store.begin_write(db)
             try:
                 yield db
                 db.execute("COMMIT")
             finally:
                 if db.in_transaction:  # an error before or during COMMIT: write nothing
-                    with suppress(sqlite3.Error):
+                    with suppress(*self._store.errors):
                         db.execute("ROLLBACK")
 
     @contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
+    def _read(self) -> Iterator[Any]:
         """A read transaction: one consistent snapshot across several SELECTs."""
         with self._sql() as db:
-            db.execute("BEGIN")
+            self._store.begin_read(db)
             try:
                 yield db
             finally:
                 if db.in_transaction:
-                    with suppress(sqlite3.Error):
+                    with suppress(*self._store.errors):
                         db.execute("ROLLBACK")
 
     def _migrate(self) -> None:
         assert self._db is not None
-        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        version = self._store.version(self._db)
         if version > SCHEMA_VERSION:
             raise OperationalError(
                 f"privacy ledger {self._path} has schema version {version}, newer than the "
                 f"{SCHEMA_VERSION} this dpproxy knows", hint="upgrade dpproxy to open this ledger")
         if version == 0:
-            if self._db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
-                raise OperationalError(f"{self._path} is a SQLite file but not a dpproxy ledger")
-            for stmt in _SCHEMA.split(";"):
-                if stmt.strip():
-                    self._db.execute(stmt)
-            self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        elif version == 1:
+            if self._store.has_tables(self._db):
+                what = "a SQLite file" if self._store.kind == "sqlite" else "a schema with tables"
+                raise OperationalError(f"{self._path} is {what} but not a dpproxy ledger")
+            self._store.create(self._db)
+        elif version == 1:  # only SQLite ledgers were ever at version 1
             for stmt in _MIGRATE_1_TO_2.split(";"):
                 if stmt.strip():
                     self._db.execute(stmt)
@@ -417,16 +656,16 @@ class Ledger:
             for account, (rho, zd) in sums.items():
                 self._db.execute("UPDATE accounts SET spent_rho = ?, spent_zcdp_delta = ?"
                                  " WHERE account = ?", (str(rho), str(zd), account))
-            self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            self._store.set_version(self._db, SCHEMA_VERSION)
 
     def _admin_event(self, at: float, by: str, account: str, action: str, eps: Decimal,
                      delta: Decimal) -> None:
         assert self._db is not None
-        self._db.execute("INSERT INTO admin_events (at, by, account, action, epsilon, delta)"
+        self._db.execute("INSERT INTO admin_events (at, \"by\", account, action, epsilon, delta)"
                          " VALUES (?, ?, ?, ?, ?, ?)", (at, by, account, action, str(eps),
                                                         str(delta)))
 
-    def _row(self, db: sqlite3.Connection, account: str) -> tuple[Decimal, ...]:
+    def _row(self, db: Any, account: str) -> tuple[Decimal, ...]:
         """(budget ε, budget δ, spent ε, spent δ, spent ρ, spent zCDP-outside δ), with spending
         before the current renewal window counted as zero."""
         row = db.execute("SELECT budget_epsilon, budget_delta, spent_epsilon, spent_delta,"
@@ -448,7 +687,7 @@ class Ledger:
             return False
         return window_start is None or window_start < window_start_at(time.time(), self.window)
 
-    def _renew(self, db: sqlite3.Connection, account: str) -> None:
+    def _renew(self, db: Any, account: str) -> None:
         """Start a new window for the account if its current one has ended (write path)."""
         if self.window == "never":
             return
@@ -462,7 +701,7 @@ class Ledger:
             if started is not None:
                 self._admin_event(time.time(), "window", account, "renew", _ZERO, _ZERO)
 
-    def _status(self, db: sqlite3.Connection, account: str) -> AccountStatus:
+    def _status(self, db: Any, account: str) -> AccountStatus:
         be, bd, se, sd, srho, szd = self._row(db, account)
         (started,) = db.execute("SELECT window_start FROM accounts WHERE account = ?",
                                 (account,)).fetchone()
@@ -494,7 +733,9 @@ class Ledger:
             raise InvalidParameterValue("statement must be a string")
         with self._write() as db:
             if claim is not None:
+                self._store.lock_claim(db, analyst, claim)
                 self._check_claim(db, analyst, claim)
+            self._store.lock_accounts(db, names)
             short: list[tuple[str, Decimal, Decimal]] = []
             new_spent: list[tuple[str, Decimal, Decimal, Decimal, Decimal]] = []
             delta_short = False
@@ -540,14 +781,15 @@ class Ledger:
                 db.execute("INSERT INTO charge_accounts (charge_id, account) VALUES (?, ?)",
                            (charge.charge_id, name))
             if claim is not None:
-                db.execute("INSERT OR REPLACE INTO answers (analyst, cache_key, charge_id, at,"
-                           " answer) VALUES (?, ?, ?, ?, NULL)",
+                db.execute("INSERT INTO answers (analyst, cache_key, charge_id, at, answer)"
+                           " VALUES (?, ?, ?, ?, NULL) ON CONFLICT (analyst, cache_key) DO UPDATE"
+                           " SET charge_id = excluded.charge_id, at = excluded.at, answer = NULL",
                            (analyst, claim, charge.charge_id, charge.at))
         return charge
 
     # -- answer cache ------------------------------------------------------------------------
 
-    def _check_claim(self, db: sqlite3.Connection, analyst: str, key: str) -> None:
+    def _check_claim(self, db: Any, analyst: str, key: str) -> None:
         row = db.execute("SELECT answer, at FROM answers WHERE analyst = ? AND cache_key = ?",
                          (analyst, key)).fetchone()
         if row is None:
@@ -597,18 +839,20 @@ class Ledger:
         with self._read() as db:
             if account is None:
                 rows = db.execute("SELECT charge_id, at, analyst, statement, epsilon, delta FROM"
-                                  " charges ORDER BY rowid DESC LIMIT ?", (limit,)).fetchall()
+                                  f" charges ORDER BY {self._store.order} DESC LIMIT ?",
+                                  (limit,)).fetchall()
             else:
                 self._row(db, account)  # raises for an unknown account
                 rows = db.execute(
                     "SELECT c.charge_id, c.at, c.analyst, c.statement, c.epsilon, c.delta"
                     " FROM charges c JOIN charge_accounts ca ON ca.charge_id = c.charge_id"
-                    " WHERE ca.account = ? ORDER BY c.rowid DESC LIMIT ?",
+                    f" WHERE ca.account = ? ORDER BY c.{self._store.order} DESC LIMIT ?",
                     (account, limit)).fetchall()
             result = []
             for cid, at, analyst, stmt, e, d in rows:
                 accts = tuple(r[0] for r in db.execute(
-                    "SELECT account FROM charge_accounts WHERE charge_id = ? ORDER BY rowid",
+                    "SELECT account FROM charge_accounts WHERE charge_id = ? ORDER BY "
+                    f"{self._store.order}",
                     (cid,)))
                 result.append(Charge(cid, accts, Cost(_num(Decimal(e)), _num(Decimal(d))),
                                      analyst, stmt, at))
@@ -620,7 +864,7 @@ class Ledger:
             raise InvalidParameterValue(f"limit must be an integer >= 0, got {limit!r}")
         where, args = ("", ()) if account is None else (" WHERE account = ?", (account,))
         with self._read() as db:
-            rows = db.execute("SELECT at, by, account, action, epsilon, delta FROM admin_events"
+            rows = db.execute("SELECT at, \"by\", account, action, epsilon, delta FROM admin_events"
                               f"{where} ORDER BY event_id DESC LIMIT ?", (*args, limit))
             return [AdminEvent(at, by, acct, action, Cost(_num(Decimal(e)), _num(Decimal(d))))
                     for at, by, acct, action, e, d in rows]
@@ -630,6 +874,7 @@ class Ledger:
         eps, delta = _check_cost(extra, "grant")
         _check_name(by, "by")
         with self._write() as db:
+            self._store.lock_accounts(db, [account])
             be, bd, *_ = self._row(db, account)
             ne, nd = _DOWN.add(be, eps), _DOWN.add(bd, delta)
             if nd >= 1:
@@ -645,6 +890,7 @@ class Ledger:
         eps, delta = _check_cost(budget, "budget")
         _check_name(by, "by")
         with self._write() as db:
+            self._store.lock_accounts(db, [account])
             self._row(db, account)
             db.execute("UPDATE accounts SET budget_epsilon = ?, budget_delta = ? WHERE account = ?",
                        (str(eps), str(delta), account))
@@ -687,6 +933,7 @@ class Ledger:
         """Forget what the account has spent (its history stays); recorded as an admin event."""
         _check_name(by, "by")
         with self._write() as db:
+            self._store.lock_accounts(db, [account])
             _, _, se, sd, *_ = self._row(db, account)
             db.execute("UPDATE accounts SET spent_epsilon = '0', spent_delta = '0',"
                        " spent_rho = '0', spent_zcdp_delta = '0' WHERE account = ?", (account,))

@@ -14,6 +14,8 @@ import datetime as dt
 import hashlib
 import json
 import math
+import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -96,6 +98,28 @@ class BackendConfig:
 
 
 @dataclass(frozen=True)
+class SharedLedger:
+    """`[ledger] dsn = …`: the ledger in a PostgreSQL schema that several proxies share.
+    The password comes from `password_env` or `passfile`, as for the backend."""
+
+    dsn: str
+    schema: str = "dpproxy"
+    password_env: str | None = None
+    passfile: Path | None = None
+
+
+def env_password(password_env: str | None, where: str) -> str | None:
+    """The password held by the environment variable `password_env` names (None: unset
+    in the policy); `where` names the policy field for the error."""
+    if password_env is None:
+        return None
+    password = os.environ.get(password_env)
+    if password is None:
+        raise InvalidPolicy(f"{where} names {password_env}, which is not set in the environment")
+    return password
+
+
+@dataclass(frozen=True)
 class PrivacyDefaults:
     default_epsilon: float = 1.0
     default_delta: float = 1e-7
@@ -134,6 +158,7 @@ class Policy:
     audit_log_path: Path
     server: ServerSettings = ServerSettings()
     version: str = ""  # digest of the policy's content: cached answers belong to one version
+    shared_ledger: SharedLedger | None = None  # set: the ledger is in PostgreSQL, not ledger_path
 
     def analyst(self, name: str) -> AnalystPolicy:
         try:
@@ -491,15 +516,37 @@ def parse_policy(raw: Mapping[str, Any], file: Path) -> Policy:
     an = _Checker(file, "analysts", analysts_raw, set(analysts_raw))
     analysts = {name: _analyst(an, name, spec, tables) for name, spec in analysts_raw.items()}
 
-    ledger = top.sub("ledger", {"path"})
+    ledger = top.sub("ledger", {"path", "dsn", "schema", "password_env", "passfile"})
     ledger_path = (base / (ledger.get("path", str, f"{file.stem}.ledger.sqlite")
                            if ledger else f"{file.stem}.ledger.sqlite")).resolve()
+    shared = _shared_ledger(ledger, base) if ledger is not None else None
     audit = top.sub("audit", {"path"})
     audit_path = (base / (audit.get("path", str, f"{file.stem}.audit.jsonl")
                           if audit else f"{file.stem}.audit.jsonl")).resolve()
     version = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode())
     return Policy(file, database, backend, privacy, tables, analysts, ledger_path, audit_path,
-                  _server(top, base), version.hexdigest()[:16])
+                  _server(top, base), version.hexdigest()[:16], shared)
+
+
+def _shared_ledger(ledger: _Checker, base: Path) -> SharedLedger | None:
+    """The `[ledger]` section's PostgreSQL settings; None for a SQLite ledger (`path`)."""
+    dsn = ledger.get("dsn", str)
+    if dsn is None:
+        for key in ("schema", "password_env", "passfile"):
+            if key in ledger.data:
+                ledger.fail(key, "only applies to a PostgreSQL ledger (dsn = \"postgresql://…\")")
+        return None
+    if "path" in ledger.data:
+        ledger.fail("path", "set either path (a SQLite ledger) or dsn (PostgreSQL), not both")
+    if _dsn_has_password(dsn):
+        ledger.fail("dsn", "must not contain a password: set password_env = \"VARIABLE\" or "
+                    "passfile = \"file\" (.pgpass format)")
+    schema = ledger.get("schema", str, "dpproxy")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$]{0,62}", schema):
+        ledger.fail("schema", f"must be a plain identifier (letters, digits, _), got {schema!r}")
+    passfile = ledger.get("passfile", str)
+    return SharedLedger(dsn, schema, ledger.get("password_env", str),
+                        (base / passfile).resolve() if passfile else None)
 
 
 def _dsn_has_password(dsn: str) -> bool:

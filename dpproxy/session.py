@@ -19,13 +19,21 @@ from typing import Any
 from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 
 from . import errors
-from .accountant import AccountStatus, AnswerAvailable, Cost, Ledger, Loss
+from .accountant import (
+    AccountStatus,
+    AnswerAvailable,
+    Cost,
+    Ledger,
+    Loss,
+    PostgresStorage,
+    Storage,
+)
 from .analyze import Analysis, ConstantQuery, analyze
 from .audit import AuditLog, AuditRecord
 from .backends import Backend, open_backend
 from .parse import Parameters, Statement, parse_statements
 from .plan import QueryOptions, QueryPlan, plan_query
-from .policy import AnalystPolicy, Policy, load_policy
+from .policy import AnalystPolicy, Policy, env_password, load_policy
 from .postprocess import evaluate
 from .release import ColumnAccuracy, Interval, Released, release
 from .rewrite import Rewritten, rewrite
@@ -100,8 +108,16 @@ def initial_budgets(policy: Policy) -> dict[str, Cost]:
 
 
 def open_ledger(policy: Policy) -> Ledger:
-    """The policy's ledger, created with its budgets if new, in its accounting mode."""
-    return Ledger(policy.ledger_path, initial_budgets(policy),
+    """The policy's ledger, created with its budgets if new, in its accounting mode: the
+    SQLite file `[ledger] path`, or the PostgreSQL schema of `[ledger] dsn`."""
+    shared = policy.shared_ledger
+    storage: Storage | Path = policy.ledger_path
+    if shared is not None:
+        storage = PostgresStorage(
+            shared.dsn, shared.schema,
+            password=env_password(shared.password_env, "ledger.password_env"),
+            passfile=str(shared.passfile) if shared.passfile is not None else None)
+    return Ledger(storage, initial_budgets(policy),
                   accounting=policy.privacy.accounting, window=policy.privacy.budget_window)
 
 

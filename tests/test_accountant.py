@@ -3,17 +3,28 @@ across threads and processes, durability across a killed process, schema version
 
 from __future__ import annotations
 
+import secrets
 import signal
 import sqlite3
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 
-from dpproxy.accountant import SCHEMA_VERSION, AnswerAvailable, Cost, Ledger, Loss
+from dpproxy.accountant import (
+    SCHEMA_VERSION,
+    AnswerAvailable,
+    Cost,
+    Ledger,
+    Loss,
+    PostgresStorage,
+)
 from dpproxy.errors import (
     BudgetExceeded,
     InterfaceError,
@@ -25,6 +36,27 @@ from dpproxy.mechanisms import zcdp_epsilon
 
 REPO = str(Path(__file__).resolve().parents[1])
 ALICE, ADULT = "analyst:alice", "table:adult"
+LedgerAt = Callable[..., Ledger]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def ledger_at(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LedgerAt]:
+    """Open a ledger by name: a SQLite file in tmp_path, or a fresh PostgreSQL schema per
+    name (the same name reopens the same ledger), dropped after the test."""
+    if request.param == "sqlite":
+        yield lambda name, budgets, **kw: Ledger(tmp_path / name, budgets, **kw)
+        return
+    dsn = request.getfixturevalue("pg_dsn")
+    schemas: dict[str, str] = {}
+
+    def make(name: str, budgets: Mapping[str, Cost], **kw: Any) -> Ledger:
+        schema = schemas.setdefault(name, f"dpproxy_test_{secrets.token_hex(6)}")
+        return Ledger(PostgresStorage(dsn, schema), budgets, **kw)
+
+    yield make
+    with psycopg.connect(dsn, autocommit=True) as con:
+        for schema in schemas.values():
+            con.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def spend(ledger: Ledger, cost: Cost, accounts: tuple[str, ...] = (ALICE,)) -> None:
@@ -33,9 +65,9 @@ def spend(ledger: Ledger, cost: Cost, accounts: tuple[str, ...] = (ALICE,)) -> N
 
 # -- exact decimal ----------------------------------------------------------------------------
 
-def test_budget_of_one_buys_exactly_ten_queries_of_a_tenth(tmp_path: Path) -> None:
+def test_budget_of_one_buys_exactly_ten_queries_of_a_tenth(ledger_at: LedgerAt) -> None:
     assert sum([0.1] * 10) != 1.0  # why floats are not enough
-    with Ledger(tmp_path / "l.db", {ALICE: Cost(1.0)}) as ledger:
+    with ledger_at("l.db", {ALICE: Cost(1.0)}) as ledger:
         for _ in range(10):
             spend(ledger, Cost(0.1))
         with pytest.raises(BudgetExceeded) as exc:
@@ -50,8 +82,8 @@ def test_budget_of_one_buys_exactly_ten_queries_of_a_tenth(tmp_path: Path) -> No
         assert len(ledger.history(ALICE)) == 10
 
 
-def test_delta_is_exact_too(tmp_path: Path) -> None:
-    with Ledger(tmp_path / "l.db", {ALICE: Cost(10.0, 1e-5)}) as ledger:
+def test_delta_is_exact_too(ledger_at: LedgerAt) -> None:
+    with ledger_at("l.db", {ALICE: Cost(10.0, 1e-5)}) as ledger:
         for _ in range(10):
             spend(ledger, Cost(0.0, 1e-6))
         with pytest.raises(BudgetExceeded) as exc:
@@ -62,8 +94,8 @@ def test_delta_is_exact_too(tmp_path: Path) -> None:
         assert ledger.status(ALICE).spent == Cost(0.0, 1e-5)
 
 
-def test_refusal_message_shows_exact_remaining(tmp_path: Path) -> None:
-    with Ledger(tmp_path / "l.db", {ALICE: Cost(0.8, 1e-5)}) as ledger:
+def test_refusal_message_shows_exact_remaining(ledger_at: LedgerAt) -> None:
+    with ledger_at("l.db", {ALICE: Cost(0.8, 1e-5)}) as ledger:
         spend(ledger, Cost(0.5))
         assert ledger.status(ALICE).remaining == Cost(0.3, 1e-5)  # 0.8 - 0.5 in floats is not 0.3
         with pytest.raises(BudgetExceeded) as exc:
@@ -78,9 +110,9 @@ def test_refusal_message_shows_exact_remaining(tmp_path: Path) -> None:
 
 # -- multi-account ----------------------------------------------------------------------------
 
-def test_charge_touching_two_accounts_needs_both(tmp_path: Path) -> None:
+def test_charge_touching_two_accounts_needs_both(ledger_at: LedgerAt) -> None:
     budgets = {ALICE: Cost(1.0, 1e-6), ADULT: Cost(0.5, 1e-6), "analyst:bob": Cost(0.3)}
-    with Ledger(tmp_path / "l.db", budgets) as ledger:
+    with ledger_at("l.db", budgets) as ledger:
         c = ledger.charge([ALICE, ADULT], Cost(0.4), analyst="alice", statement="q1")
         assert c.accounts == (ALICE, ADULT) and len(c.charge_id) == 32
         # the table cannot pay 0.4 more: nothing is written to alice either
@@ -107,16 +139,16 @@ def test_charge_touching_two_accounts_needs_both(tmp_path: Path) -> None:
         assert len(ledger.history()) == 1
 
 
-def test_duplicate_accounts_are_charged_once(tmp_path: Path) -> None:
-    with Ledger(tmp_path / "l.db", {ALICE: Cost(1.0)}) as ledger:
+def test_duplicate_accounts_are_charged_once(ledger_at: LedgerAt) -> None:
+    with ledger_at("l.db", {ALICE: Cost(1.0)}) as ledger:
         c = ledger.charge([ALICE, ALICE], Cost(0.25), analyst="alice", statement="q")
         assert c.accounts == (ALICE,)
         assert ledger.status(ALICE).spent == Cost(0.25)
 
 
-def test_history_is_newest_first_and_filtered(tmp_path: Path) -> None:
+def test_history_is_newest_first_and_filtered(ledger_at: LedgerAt) -> None:
     budgets = {ALICE: Cost(1.0, 1e-6), ADULT: Cost(1.0, 1e-6), "analyst:bob": Cost(1.0)}
-    with Ledger(tmp_path / "l.db", budgets) as ledger:
+    with ledger_at("l.db", budgets) as ledger:
         ledger.charge([ALICE, ADULT], Cost(0.1, 1e-9), analyst="alice", statement="a1")
         ledger.charge(["analyst:bob", ADULT], Cost(0.2), analyst="bob", statement="b1")
         ledger.charge([ALICE], Cost(0.3), analyst="alice", statement="a2")
@@ -137,10 +169,9 @@ RACE_BUDGET = Cost(2.5, 2.5e-6)  # fits exactly N charges of RACE_COST
 RACE_COST = Cost(0.1, 1e-7)
 
 
-def _race(tmp_path: Path, own_ledger: bool) -> None:
-    path = tmp_path / "race.db"
+def _race(ledger_at: LedgerAt, own_ledger: bool) -> None:
     budgets = {ALICE: RACE_BUDGET, ADULT: Cost(100.0, 0.5)}
-    shared = Ledger(path, budgets)
+    shared = ledger_at("race.db", budgets)
     barrier = threading.Barrier(8)
     ok: list[int] = []
     refused: list[int] = []
@@ -148,7 +179,7 @@ def _race(tmp_path: Path, own_ledger: bool) -> None:
 
     def worker() -> None:
         try:
-            ledger = Ledger(path, budgets) if own_ledger else shared
+            ledger = ledger_at("race.db", budgets) if own_ledger else shared
             barrier.wait(timeout=30)
             for _ in range(8):
                 try:
@@ -176,23 +207,23 @@ def _race(tmp_path: Path, own_ledger: bool) -> None:
     shared.close()
 
 
-def test_threads_with_their_own_ledgers_spend_exactly_the_budget(tmp_path: Path) -> None:
-    _race(tmp_path, own_ledger=True)
+def test_threads_with_their_own_ledgers_spend_exactly_the_budget(ledger_at: LedgerAt) -> None:
+    _race(ledger_at, own_ledger=True)
 
 
-def test_threads_sharing_one_ledger_spend_exactly_the_budget(tmp_path: Path) -> None:
-    _race(tmp_path, own_ledger=False)
+def test_threads_sharing_one_ledger_spend_exactly_the_budget(ledger_at: LedgerAt) -> None:
+    _race(ledger_at, own_ledger=False)
 
 
-def test_concurrent_creation_of_a_fresh_file(tmp_path: Path) -> None:
-    path = tmp_path / "fresh.db"
+def test_concurrent_creation_of_a_fresh_file(ledger_at: LedgerAt) -> None:
+    name = "fresh.db"
     barrier = threading.Barrier(8)
     errors: list[BaseException] = []
 
     def worker() -> None:
         try:
             barrier.wait(timeout=30)
-            Ledger(path, {ALICE: Cost(1.0)}).close()
+            ledger_at(name, {ALICE: Cost(1.0)}).close()
         except BaseException as e:
             errors.append(e)
             barrier.abort()  # a thread that fails early must not leave the others waiting
@@ -203,7 +234,7 @@ def test_concurrent_creation_of_a_fresh_file(tmp_path: Path) -> None:
     for t in threads:
         t.join(timeout=60)
     assert errors == []
-    with Ledger(path, {}) as ledger:
+    with ledger_at(name, {}) as ledger:
         assert [e.action for e in ledger.admin_history()] == ["create"]  # created once
 
 
@@ -283,11 +314,11 @@ def test_charge_survives_a_killed_process(tmp_path: Path) -> None:
             spend(ledger, Cost(0.31))
 
 
-def test_reopening_keeps_spent_and_ignores_changed_policy_budget(tmp_path: Path) -> None:
-    path = tmp_path / "l.db"
-    with Ledger(path, {ALICE: Cost(1.0)}) as ledger:
+def test_reopening_keeps_spent_and_ignores_changed_policy_budget(ledger_at: LedgerAt) -> None:
+    name = "l.db"
+    with ledger_at(name, {ALICE: Cost(1.0)}) as ledger:
         spend(ledger, Cost(0.6))
-    with Ledger(path, {ALICE: Cost(5.0, 1e-3), ADULT: Cost(2.0)}) as ledger:
+    with ledger_at(name, {ALICE: Cost(5.0, 1e-3), ADULT: Cost(2.0)}) as ledger:
         st = ledger.status(ALICE)
         assert (st.budget, st.spent) == (Cost(1.0), Cost(0.6))  # the ledger wins
         assert ledger.status(ADULT).budget == Cost(2.0)  # new in the policy: created
@@ -298,9 +329,9 @@ def test_reopening_keeps_spent_and_ignores_changed_policy_budget(tmp_path: Path)
             (ADULT, "create", "policy"), (ALICE, "create", "policy")]
 
 
-def test_grant_and_set_budget_are_admin_events(tmp_path: Path) -> None:
-    path = tmp_path / "l.db"
-    with Ledger(path, {ALICE: Cost(1.0, 1e-6)}) as ledger:
+def test_grant_and_set_budget_are_admin_events(ledger_at: LedgerAt) -> None:
+    name = "l.db"
+    with ledger_at(name, {ALICE: Cost(1.0, 1e-6)}) as ledger:
         for _ in range(10):
             spend(ledger, Cost(0.1))
         with pytest.raises(BudgetExceeded):
@@ -322,13 +353,13 @@ def test_grant_and_set_budget_are_admin_events(tmp_path: Path) -> None:
             ("grant", "admin:root", Cost(0.2, 1e-6)),
             ("create", "policy", Cost(1.0, 1e-6)),
         ]
-    with sqlite3.connect(path) as db:  # stored as exact decimal text
+        db = ledger._db  # stored as exact decimal text, in SQLite and PostgreSQL alike
         rows = db.execute("SELECT action, epsilon, delta FROM admin_events ORDER BY event_id")
-        assert rows.fetchall() == [("create", "1.0", "0.000001"), ("grant", "0.2", "0.000001"),
-                                   ("set_budget", "0.5", "0.0"), ("set_budget", "3.0", "0.00001")]
+        assert [tuple(r) for r in rows.fetchall()] == [
+            ("create", "1.0", "0.000001"), ("grant", "0.2", "0.000001"),
+            ("set_budget", "0.5", "0.0"), ("set_budget", "3.0", "0.00001")]
         row = db.execute("SELECT budget_epsilon, spent_epsilon FROM accounts").fetchone()
-        assert row == ("3.0", "1.1")
-    db.close()
+        assert tuple(row) == ("3.0", "1.1")
 
 
 # -- schema -----------------------------------------------------------------------------------
@@ -355,6 +386,56 @@ def test_connection_settings_make_commits_durable(tmp_path: Path) -> None:
         assert db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert db.execute("PRAGMA busy_timeout").fetchone()[0] >= 1000
+
+
+@pytest.fixture
+def pg_schema(pg_dsn: str) -> Iterator[tuple[str, str]]:
+    """(admin DSN, a schema name that does not exist yet); the schema is dropped after."""
+    schema = f"dpproxy_test_{secrets.token_hex(6)}"
+    yield pg_dsn, schema
+    with psycopg.connect(pg_dsn, autocommit=True) as con:
+        con.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def test_postgres_schema_is_versioned_and_newer_versions_are_refused(
+        pg_schema: tuple[str, str]) -> None:
+    dsn, schema = pg_schema
+    with Ledger(PostgresStorage(dsn, schema), {ALICE: Cost(1.0)}) as ledger:
+        db = ledger._db
+        assert db.execute("SHOW synchronous_commit").fetchone()[0] == "on"  # durable commits
+        assert db.execute("SELECT current_schema()").fetchone()[0] == schema
+    with psycopg.connect(dsn, autocommit=True) as con:
+        tables = {r[0] for r in con.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = %s", (schema,))}
+        assert {"accounts", "charges", "charge_accounts", "admin_events", "answers",
+                "dpproxy_ledger_meta"} <= tables
+        assert con.execute(f'SELECT version FROM "{schema}".dpproxy_ledger_meta').fetchall() \
+            == [(SCHEMA_VERSION,)]
+        con.execute(f'UPDATE "{schema}".dpproxy_ledger_meta SET version = 3')
+    with pytest.raises(OperationalError, match="schema version 3, newer than the 2"):
+        Ledger(PostgresStorage(dsn, schema), {ALICE: Cost(1.0)})
+
+
+def test_postgres_schema_with_other_tables_is_refused(pg_schema: tuple[str, str]) -> None:
+    dsn, schema = pg_schema
+    with psycopg.connect(dsn, autocommit=True) as con:
+        con.execute(f'CREATE SCHEMA "{schema}"')
+        con.execute(f'CREATE TABLE "{schema}".t (x int)')
+    with pytest.raises(OperationalError, match="not a dpproxy ledger"):
+        Ledger(PostgresStorage(dsn, schema), {})
+
+
+def test_postgres_ledger_reconnects_after_a_lost_connection(pg_schema: tuple[str, str]) -> None:
+    dsn, schema = pg_schema
+    with Ledger(PostgresStorage(dsn, schema), {ALICE: Cost(1.0)}) as ledger:
+        spend(ledger, Cost(0.25))
+        pid = ledger._db.execute("SELECT pg_backend_pid()").fetchone()[0]
+        with psycopg.connect(dsn, autocommit=True) as con:
+            con.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(OperationalError):  # the statement in flight fails, nothing more
+            ledger.status(ALICE)
+        spend(ledger, Cost(0.25))  # a new connection
+        assert ledger.status(ALICE).spent == Cost(0.5)
 
 
 def test_foreign_sqlite_file_is_refused(tmp_path: Path) -> None:
@@ -401,8 +482,8 @@ def test_bad_arguments_are_refused(tmp_path: Path) -> None:
         assert ledger.history() == []
 
 
-def test_unknown_account_names_it_and_the_known_ones(tmp_path: Path) -> None:
-    with Ledger(tmp_path / "l.db", {ALICE: Cost(1.0), ADULT: Cost(1.0)}) as ledger:
+def test_unknown_account_names_it_and_the_known_ones(ledger_at: LedgerAt) -> None:
+    with ledger_at("l.db", {ALICE: Cost(1.0), ADULT: Cost(1.0)}) as ledger:
         for call in (lambda: ledger.status("analyst:bob"),
                      lambda: ledger.charge(["analyst:bob"], Cost(0.1), analyst="bob",
                                            statement="q"),
@@ -417,8 +498,8 @@ def test_unknown_account_names_it_and_the_known_ones(tmp_path: Path) -> None:
         assert ledger.history() == [] and len(ledger.admin_history()) == 2
 
 
-def test_closed_ledger_refuses_use(tmp_path: Path) -> None:
-    with Ledger(tmp_path / "l.db", {ALICE: Cost(1.0)}) as ledger:
+def test_closed_ledger_refuses_use(ledger_at: LedgerAt) -> None:
+    with ledger_at("l.db", {ALICE: Cost(1.0)}) as ledger:
         pass
     with pytest.raises(InterfaceError):
         ledger.status(ALICE)
@@ -431,25 +512,25 @@ def _gaussian_loss(sigma: float, epsilon: float = 0.1, delta: float = 1e-8) -> L
     return Loss(epsilon, delta, rho=1 / (2 * sigma ** 2), zcdp_delta=0.0)
 
 
-def test_zcdp_buys_the_published_number_of_gaussian_queries(tmp_path: Path) -> None:
+def test_zcdp_buys_the_published_number_of_gaussian_queries(ledger_at: LedgerAt) -> None:
     """100 Gaussian releases at σ = 45.31 (Δ = 1) are (1.0, 1e-6)-DP under CKS20; at σ = 50,
     (0.90, 1e-6). Basic composition of the same releases' (ε, δ) would need far more."""
-    with Ledger(tmp_path / "z.db", {ALICE: Cost(1.0, 1e-6)}, accounting="zcdp") as ledger:
+    with ledger_at("z.db", {ALICE: Cost(1.0, 1e-6)}, accounting="zcdp") as ledger:
         for _ in range(100):
             ledger.charge([ALICE], _gaussian_loss(45.4), analyst="alice", statement="q")
         status = ledger.status(ALICE)
         assert 0.99 < status.spent.epsilon <= 1.0
         with pytest.raises(BudgetExceeded):
             ledger.charge([ALICE], _gaussian_loss(45.4), analyst="alice", statement="q")
-    with Ledger(tmp_path / "z50.db", {ALICE: Cost(1.0, 1e-6)}, accounting="zcdp") as ledger:
+    with ledger_at("z50.db", {ALICE: Cost(1.0, 1e-6)}, accounting="zcdp") as ledger:
         for _ in range(100):
             ledger.charge([ALICE], _gaussian_loss(50.0), analyst="alice", statement="q")
         assert abs(ledger.status(ALICE).spent.epsilon - 0.90) < 0.005
         assert abs(ledger.status(ALICE).rho - 100 / (2 * 50.0 ** 2)) < 1e-12
 
 
-def test_zcdp_counts_pure_epsilon_as_half_its_square_and_outside_delta(tmp_path: Path) -> None:
-    with Ledger(tmp_path / "z.db", {ALICE: Cost(1.0, 1e-5)}, accounting="zcdp") as ledger:
+def test_zcdp_counts_pure_epsilon_as_half_its_square_and_outside_delta(ledger_at: LedgerAt) -> None:
+    with ledger_at("z.db", {ALICE: Cost(1.0, 1e-5)}, accounting="zcdp") as ledger:
         ledger.charge([ALICE], Loss(0.1, 4e-6, zcdp_delta=4e-6), analyst="a", statement="q")
         status = ledger.status(ALICE)
         assert status.rho == pytest.approx(0.1 ** 2 / 2)
@@ -461,8 +542,8 @@ def test_zcdp_counts_pure_epsilon_as_half_its_square_and_outside_delta(tmp_path:
                           statement="q")
 
 
-def test_basic_accounting_ignores_rho(tmp_path: Path) -> None:
-    with Ledger(tmp_path / "b.db", {ALICE: Cost(1.0, 1e-6)}) as ledger:
+def test_basic_accounting_ignores_rho(ledger_at: LedgerAt) -> None:
+    with ledger_at("b.db", {ALICE: Cost(1.0, 1e-6)}) as ledger:
         for _ in range(10):
             ledger.charge([ALICE], _gaussian_loss(45.0, 0.1, 1e-7), analyst="a", statement="q")
         with pytest.raises(BudgetExceeded):
@@ -497,12 +578,13 @@ def test_version_1_ledger_is_migrated_with_conservative_zcdp_sums(tmp_path: Path
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2
 
 
-def test_budget_window_renews_spending(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_budget_window_renews_spending(ledger_at: LedgerAt,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
     import dpproxy.accountant as accountant
 
     clock = [1_700_000_000.0]  # a Tuesday, 22:13 UTC
     monkeypatch.setattr(accountant.time, "time", lambda: clock[0])
-    with Ledger(tmp_path / "w.db", {ALICE: Cost(1.0)}, window="daily") as ledger:
+    with ledger_at("w.db", {ALICE: Cost(1.0)}, window="daily") as ledger:
         for _ in range(10):
             ledger.charge([ALICE], Cost(0.1), analyst="a", statement="q")
         with pytest.raises(BudgetExceeded):
@@ -524,8 +606,8 @@ def test_window_starts() -> None:
     assert window_start_at(t, "monthly") == 1_698_796_800.0  # 2023-11-01
 
 
-def test_reset_forgets_spending_and_is_recorded(tmp_path: Path) -> None:
-    with Ledger(tmp_path / "r.db", {ALICE: Cost(1.0)}) as ledger:
+def test_reset_forgets_spending_and_is_recorded(ledger_at: LedgerAt) -> None:
+    with ledger_at("r.db", {ALICE: Cost(1.0)}) as ledger:
         ledger.charge([ALICE], Cost(0.7), analyst="a", statement="q")
         status = ledger.reset(ALICE, by="admin")
         assert status.spent == Cost(0.0, 0.0) and status.remaining == Cost(1.0, 0.0)
@@ -533,8 +615,8 @@ def test_reset_forgets_spending_and_is_recorded(tmp_path: Path) -> None:
         assert (event.by, event.action, event.amount) == ("admin", "reset", Cost(0.7, 0.0))
 
 
-def test_claimed_answer_is_charged_once(tmp_path: Path) -> None:
-    with Ledger(tmp_path / "c.db", {ALICE: Cost(1.0)}) as ledger:
+def test_claimed_answer_is_charged_once(ledger_at: LedgerAt) -> None:
+    with ledger_at("c.db", {ALICE: Cost(1.0)}) as ledger:
         charge = ledger.charge([ALICE], Cost(0.5), analyst="alice", statement="q", claim="k")
         with pytest.raises(AnswerAvailable) as pending:
             ledger.charge([ALICE], Cost(0.5), analyst="alice", statement="q", claim="k")
@@ -549,24 +631,24 @@ def test_claimed_answer_is_charged_once(tmp_path: Path) -> None:
         assert ledger.lookup_answer("bob", "k") is None  # answers are per analyst
 
 
-def test_dropped_claim_can_be_charged_again(tmp_path: Path) -> None:
-    with Ledger(tmp_path / "d.db", {ALICE: Cost(1.0)}) as ledger:
+def test_dropped_claim_can_be_charged_again(ledger_at: LedgerAt) -> None:
+    with ledger_at("d.db", {ALICE: Cost(1.0)}) as ledger:
         charge = ledger.charge([ALICE], Cost(0.25), analyst="alice", statement="q", claim="k")
         ledger.drop_claim("alice", "k", charge.charge_id)
         ledger.charge([ALICE], Cost(0.25), analyst="alice", statement="q", claim="k")
         assert ledger.status(ALICE).spent == Cost(0.5, 0.0)
 
 
-def test_32_threads_release_exactly_the_budget(tmp_path: Path) -> None:
+def test_32_threads_release_exactly_the_budget(ledger_at: LedgerAt) -> None:
     """32 threads, each with its own Ledger, race for a budget that fits exactly 40 charges."""
-    path = tmp_path / "t.db"
-    Ledger(path, {ALICE: Cost(4.0)}).close()
+    name = "t.db"
+    ledger_at(name, {ALICE: Cost(4.0)}).close()
     wins: list[int] = []
     lock = threading.Lock()
     barrier = threading.Barrier(32, timeout=30)
 
     def worker() -> None:
-        with Ledger(path, {ALICE: Cost(4.0)}) as ledger:
+        with ledger_at(name, {ALICE: Cost(4.0)}) as ledger:
             barrier.wait()
             for _ in range(4):
                 try:
@@ -583,5 +665,5 @@ def test_32_threads_release_exactly_the_budget(tmp_path: Path) -> None:
         t.join(timeout=60)
     assert not any(t.is_alive() for t in threads)
     assert len(wins) == 40
-    with Ledger(path, {ALICE: Cost(4.0)}) as ledger:
+    with ledger_at(name, {ALICE: Cost(4.0)}) as ledger:
         assert ledger.status(ALICE).spent == Cost(4.0, 0.0)

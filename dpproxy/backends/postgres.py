@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +24,7 @@ from psycopg.types.datetime import DateLoader, TimestampLoader, TimestamptzLoade
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..errors import BackendError, InvalidPolicy
-from ..policy import Policy
+from ..policy import Policy, env_password
 
 POOL_MIN_SIZE = 1
 POOL_MAX_SIZE = 10
@@ -140,12 +139,7 @@ class PostgresBackend:
     def open(cls, policy: Policy) -> PostgresBackend:
         config = policy.backend
         assert config.dsn is not None
-        password = None
-        if config.password_env is not None:
-            password = os.environ.get(config.password_env)
-            if password is None:
-                raise InvalidPolicy(f"backend.password_env names {config.password_env}, "
-                                    "which is not set in the environment")
+        password = env_password(config.password_env, "backend.password_env")
         passfile = str(config.passfile) if config.passfile is not None else None
         return cls(config.dsn, list(policy.tables), password=password, passfile=passfile,
                    statement_timeout_s=policy.server.statement_timeout_s)

@@ -99,6 +99,7 @@ def cmd_passwd(args: argparse.Namespace) -> int:
         raise errors.UndefinedObject(f"analyst {args.name!r} is not in policy "
                                      f"{policy.path.name}",
                                      hint=f"analysts: {', '.join(sorted(policy.analysts))}")
+    CredentialStore(policy).check_writable(args.name)  # before asking for the password
     if args.password_stdin:
         password = sys.stdin.readline().rstrip("\r\n")
     else:

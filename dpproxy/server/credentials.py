@@ -3,6 +3,10 @@
 `dpproxy analyst passwd NAME` stores a verifier in a `credentials` table of
 the policy's ledger SQLite file, which then wins over the policy's. Only
 verifiers are stored, never passwords, and nothing here logs either.
+
+With a PostgreSQL ledger (`[ledger] dsn`) verifiers come from the policy only:
+`analyst passwd` is refused, so every proxy sharing the ledger reads the same
+`password_scram` from its policy and no verifier is written to a shared database.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ class CredentialStore:
         None for an unknown analyst or one without a password."""
         if analyst not in self.policy.analysts:
             return None
-        if self._path.exists():
+        if self.policy.shared_ledger is None and self._path.exists():
             try:
                 with closing(self._connect()) as db:
                     row = db.execute("SELECT verifier FROM credentials WHERE analyst = ?",
@@ -50,6 +54,15 @@ class CredentialStore:
                 return str(row[0])
         return self.policy.analysts[analyst].password_scram
 
+    def check_writable(self, analyst: str) -> None:
+        """Refuse (NotSupportedError) when verifiers cannot be stored: a PostgreSQL ledger."""
+        if self.policy.shared_ledger is not None:
+            raise errors.NotSupportedError(
+                "analyst passwd stores verifiers in a SQLite ledger file; this policy's "
+                "ledger is in PostgreSQL ([ledger] dsn)",
+                hint=f"put the analyst's SCRAM-SHA-256 verifier in the policy: [analysts."
+                     f"{analyst}] password_scram = \"SCRAM-SHA-256$…\"")
+
     def set_password(self, analyst: str, password: str,
                      iterations: int = DEFAULT_ITERATIONS) -> None:
         """Store a fresh verifier for the analyst's password."""
@@ -57,6 +70,7 @@ class CredentialStore:
             raise errors.UndefinedObject(
                 f"analyst {analyst!r} is not in policy {self.policy.path.name}",
                 hint=f"analysts: {', '.join(sorted(self.policy.analysts))}")
+        self.check_writable(analyst)
         if not password:
             raise errors.InvalidParameterValue("the password must not be empty")
         verifier = make_verifier(password, iterations)

@@ -163,13 +163,15 @@ class QuantileSpec:
 
 def utilities(histogram: Sequence[int], quantile: Fraction) -> list[int]:
     """−⌈distance of p·n from each bin's rank interval⌉ (see the module docstring)."""
-    target = quantile * sum(histogram)
+    # in integers scaled by p's denominator: exact, and far faster than Fractions
+    num, den = quantile.numerator, quantile.denominator
+    target = num * sum(histogram)  # p·n·den
     result = []
     below = 0
     for count in histogram:
         above = below + count
-        distance = max(Fraction(below) - target, target - above, Fraction(0))
-        result.append(-math.ceil(distance))
+        scaled = max(below * den - target, target - above * den, 0)
+        result.append(-scaled // den)  # ⌊−scaled / den⌋ = −⌈scaled / den⌉
         below = above
     return result
 
@@ -203,10 +205,11 @@ def sample_bin(spec: QuantileSpec, histogram: Sequence[int]) -> int:
         raise InvalidParameterValue(
             f"histogram has {len(histogram)} bins, the spec {spec.binning.bins}")
     rate = spec.rate
-    scores = utilities(histogram, spec.quantile)
+    # exp(−a·d) as exp(−n/den): the integer pair the exact Bernoulli sampler takes
+    numerators = [rate.numerator * -u for u in utilities(histogram, spec.quantile)]
     while True:
-        j = secrets.randbelow(len(scores))
-        if bernoulli_exp_neg(rate * -scores[j]):
+        j = secrets.randbelow(len(numerators))
+        if numerators[j] == 0 or bernoulli_exp_neg(Fraction(numerators[j], rate.denominator)):
             return j
 
 

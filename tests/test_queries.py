@@ -156,7 +156,31 @@ ACCEPTED = [
     Accepted("sum_case_indicator",
              "SELECT SUM(CASE WHEN age > 50 THEN 1 ELSE 0 END) AS over_50 FROM adult",
              ("over_50",), 1, "SELECT COUNT(*) FILTER (WHERE age > 50) FROM adult"),
-    # WHERE -----------------------------------------------------------------------------------
+    # quantiles (exponential mechanism, dpproxy/quantiles.py): at ε = 1000 the bin holding the
+    # exact quantile wins against each other bin by a factor e^500 or more, so the value is
+    # that bin's point; tol covers DuckDB's interpolation between neighbouring values
+    Accepted("median", "SELECT MEDIAN(age) FROM adult", ("median",), 1,
+             "SELECT MEDIAN(age) FROM adult", tol=1),
+    Accepted("percentile_cont_by_public_key",
+             "SELECT sex, PERCENTILE_CONT(0.9) WITHIN GROUP (ORDER BY hours_per_week) AS p90 "
+             "FROM adult GROUP BY sex", ("sex", "p90"), 2,
+             "SELECT sex, QUANTILE_CONT(hours_per_week, 0.9) FROM adult GROUP BY sex", tol=1,
+             keys=("sex",)),
+    Accepted("percentile_cont_descending",
+             "SELECT PERCENTILE_CONT(0.75) WITHIN GROUP (ORDER BY age DESC) FROM adult",
+             ("percentile_cont",), 1, "SELECT QUANTILE_CONT(age, 0.25) FROM adult", tol=1),
+    # the demo's ages reach both policy bounds, so the extreme quantiles are exact here
+    Accepted("min_max_as_extreme_quantiles", "SELECT MIN(age), MAX(age) FROM adult",
+             ("min", "max"), 1, "SELECT MIN(age), MAX(age) FROM adult", tol=0),
+    Accepted("median_with_count_where_having",
+             "SELECT sex, COUNT(*) AS n, MEDIAN(age) AS m FROM adult WHERE hours_per_week > 40 "
+             "GROUP BY sex HAVING MEDIAN(age) > 0", ("sex", "n", "m"), 2,
+             "SELECT sex, COUNT(*), MEDIAN(age) FROM adult WHERE hours_per_week > 40 "
+             "GROUP BY sex", tol=1, keys=("sex",)),
+    # 5,001 integers: 1,024 equal bins of width 4.88, released at the midpoint (2.44 here)
+    Accepted("median_of_clamped_expression",
+             "SELECT MEDIAN(LEAST(GREATEST(capital_gain, 0), 5000)) AS m FROM adult", ("m",),
+             1, "SELECT MEDIAN(LEAST(capital_gain, 5000)) FROM adult", tol=2.5),
     Accepted("where_and", "SELECT COUNT(*) FROM adult WHERE age > 30 AND sex = 'Male'",
              ("count",), 1, "SELECT COUNT(*) FROM adult WHERE age > 30 AND sex = 'Male'"),
     Accepted("where_or_not",

@@ -27,12 +27,16 @@ vector of draws is (max_groups × ε_group)-DP: the measurement's ε is divided 
 zCDP. An ε-DP exponential mechanism is ε-bounded-range, hence ε²/8-zCDP (Cesar & Rogers
 2021); the groups compose to max_groups·ε_group²/8 ≤ ε²/8, which `rho` reports.
 
-Sampling, exactly. a is rounded *down* to a fraction (less privacy loss, never more). A bin
-is proposed uniformly with `secrets` and accepted with probability exp(a·u_j), drawn exactly
-by `bernoulli_exp_neg` (integer arithmetic, no floating-point Gumbel noise); an accepted
-bin has probability exactly ∝ exp(a·u_j). The bin holding the quantile is accepted with
-probability 1, so at most `bins` proposals are expected; the draw runs after the budget is
-charged, in Python, and its running time (like the backend's) is not made constant.
+Sampling, exactly. a is rounded *down* to a fraction (less privacy loss, never more). The bin
+is found by inverse CDF on a uniform V from `secrets` whose bits are drawn lazily: every
+weight exp(−a·d_j) is bracketed by integer bounds, so every boundary between bins is
+bracketed, and V is placed only when its interval lies surely inside one bin; otherwise
+more bits of V are drawn and the weights recomputed with more digits (`decimal`, correctly
+rounded). No floating-point Gumbel noise decides anything: the output has exactly the
+mechanism's distribution. The float pass's bounds assume libm's exp is within 2^-40
+relative of the truth (it is within an ulp or two); everything else is integer
+arithmetic. The draw runs after the budget is charged; its time (one pass over the
+bins, rarely more) depends little on the data.
 
 Output. The released value is the chosen bin's point: the integer itself for one-integer
 bins, else the bin's midpoint, the point of the bin closest to all of it (error ≤ half a
@@ -52,14 +56,17 @@ value interval is released; the rank bound is the accuracy statement.
 
 from __future__ import annotations
 
+import decimal
+import itertools
 import math
 import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+import numpy as np
+
 from .errors import InvalidParameterValue
-from .mechanisms import bernoulli_exp_neg
 
 __all__ = ["MAX_BINS", "Binning", "QuantileSpec", "binning_for", "decode_histogram",
            "probabilities", "rank_error", "release_quantile", "sample_bin", "utilities"]
@@ -163,17 +170,29 @@ class QuantileSpec:
 
 def utilities(histogram: Sequence[int], quantile: Fraction) -> list[int]:
     """−⌈distance of p·n from each bin's rank interval⌉ (see the module docstring)."""
-    # in integers scaled by p's denominator: exact, and far faster than Fractions
+    return [-d for d in _distances(histogram, quantile).tolist()]
+
+
+def _distances(histogram: Sequence[int], quantile: Fraction) -> np.ndarray:
+    """⌈distance of p·n from each bin's rank interval⌉ as int64, computed in integers scaled
+    by p's denominator: exact (Python integers when int64 could overflow)."""
     num, den = quantile.numerator, quantile.denominator
-    target = num * sum(histogram)  # p·n·den
+    n = sum(histogram)
+    target = num * n  # p·n·den
+    if max(n, 1) * max(num, den) < 2 ** 62:
+        counts = np.asarray(histogram, dtype=np.int64)
+        above = np.cumsum(counts)
+        below = above - counts
+        scaled = np.maximum(np.maximum(below * den - target, target - above * den), 0)
+        return -(-scaled // den)
     result = []
     below = 0
     for count in histogram:
         above = below + count
         scaled = max(below * den - target, target - above * den, 0)
-        result.append(-scaled // den)  # ⌊−scaled / den⌋ = −⌈scaled / den⌉
+        result.append(-(-scaled // den))
         below = above
-    return result
+    return np.asarray(result, dtype=object)
 
 
 def decode_histogram(pairs: Iterable[Sequence[object]] | None, bins: int) -> tuple[int, ...]:
@@ -200,17 +219,105 @@ def probabilities(spec: QuantileSpec, histogram: Sequence[int]) -> list[float]:
 
 
 def sample_bin(spec: QuantileSpec, histogram: Sequence[int]) -> int:
-    """One exact draw of a bin with P(j) ∝ exp(a·u_j), from the OS's CSPRNG."""
+    """One exact draw of a bin with P(j) ∝ exp(−a·d_j), d_j = −u_j, from the OS's CSPRNG.
+
+    Inverse CDF on a uniform V whose bits are drawn lazily: the weights exp(−a·d_j) are
+    bracketed by integer bounds (`_weight_bounds`), the bracket of every boundary
+    C_j / Z between bins follows, and V is placed once its interval lies between two
+    bracketed boundaries (`_locate`). While it straddles one (probability ~2^-50), more
+    bits of V are drawn and the weights recomputed with more digits: the output is
+    exactly distributed, with one 64-bit draw and one pass in floats nearly always.
+    """
     if len(histogram) != spec.binning.bins:
         raise InvalidParameterValue(
             f"histogram has {len(histogram)} bins, the spec {spec.binning.bins}")
-    rate = spec.rate
-    # exp(−a·d) as exp(−n/den): the integer pair the exact Bernoulli sampler takes
-    numerators = [rate.numerator * -u for u in utilities(histogram, spec.quantile)]
+    distances = _distances(histogram, spec.quantile)  # γ_j = a·d_j
+    v, v_bits = secrets.randbits(64), 64
+    digits = 0  # 0: the float pass; then decimal digits of the exact pass
     while True:
-        j = secrets.randbelow(len(numerators))
-        if numerators[j] == 0 or bernoulli_exp_neg(Fraction(numerators[j], rate.denominator)):
-            return j
+        low, high = _weight_bounds(distances, spec.rate, digits)
+        found = _locate(v, v_bits, low, high)
+        if found is not None:
+            return found
+        v, v_bits = (v << 64) | secrets.randbits(64), v_bits + 64
+        digits += 40
+
+
+# Float pass: a has at most 48 significant bits (exact as a float), d becomes a float within
+# 2^-53 relative, so the float γ = a·d is within 2^-52 relative of the true one, and numpy's
+# exp is within an ulp or two; the bounds allow γ·2^-50 + 2^-40 of relative error, more
+# than both. The scale 2^52 keeps the sums of 1,024 bounds inside int64.
+_FLOAT_SCALE = 2.0 ** 52
+_FLOAT_SLACK = 2.0 ** -40
+
+
+def _weight_bounds(distances: np.ndarray, rate: Fraction, digits: int
+                   ) -> tuple[list[int], list[int]]:
+    """Integers lo_j ≤ exp(−γ_j)·S ≤ hi_j for γ_j = rate·distances[j], with S = 2^52
+    (digits = 0, the float pass) or 10^digits."""
+    if digits == 0 and distances.dtype == np.int64 and float(rate) == rate:
+        g = distances.astype(np.float64) * float(rate)
+        w = np.exp(-g) * _FLOAT_SCALE
+        slack = g * 2.0 ** -50 + _FLOAT_SLACK
+        low = np.maximum(np.floor(w * (1 - slack)) - 1, 0)
+        high = np.ceil(w * (1 + slack)) + 1
+        return [int(x) for x in low], [int(x) for x in high]
+    digits = max(digits, 20)
+    numerators = [rate.numerator * int(d) for d in distances.tolist()]
+    denominator = rate.denominator
+    low, high = [], []
+    # Exact pass: decimal's exp is correctly rounded and the quotient γ is rounded once, at
+    # `extra` more digits than asked, enough for γ's integer digits and a guard of 10
+    extra = 10 + len(str(max(numerators) // denominator + 1))
+    context = decimal.Context(prec=digits + extra, Emin=decimal.MIN_EMIN,
+                              Emax=decimal.MAX_EMAX)
+    scale = 10 ** digits
+    for n in numerators:
+        x = context.divide(decimal.Decimal(n), decimal.Decimal(denominator))
+        w = Fraction(context.exp(-x)) * scale
+        # relative error ≤ (γ + 1)·10^-(precision − 1) ≤ 2·10^-(digits + 9); plus one unit
+        margin = w * 2 / 10 ** (digits + 9) + 1
+        low.append(max(0, math.floor(w - margin)))
+        high.append(math.ceil(w + margin))
+    return low, high
+
+
+def _locate(v: int, v_bits: int, low: Sequence[int], high: Sequence[int]) -> int | None:
+    """The bin j with C_{j−1}/Z ≤ V < C_j/Z for every weight vector within the bounds, V
+    anywhere in [v, v + 1) / 2^v_bits; None when the bounds cannot decide.
+
+    C_j / Z = C_j / (C_j + R_j) grows with C_j and falls with the rest R_j, so boundary j
+    lies in [lo C_j / (lo C_j + hi R_j), hi C_j / (hi C_j + lo R_j)].
+    """
+    bins = len(low)
+    low_prefix = list(itertools.accumulate(low, initial=0))
+    high_prefix = list(itertools.accumulate(high, initial=0))
+    low_total, high_total = low_prefix[-1], high_prefix[-1]
+    unit = 1 << v_bits
+
+    def below_boundary(j: int) -> bool:
+        """V's whole interval lies below boundary j (after bin j) for sure."""
+        if j == bins - 1:
+            return True
+        c, r = low_prefix[j + 1], high_total - high_prefix[j + 1]
+        return (v + 1) * (c + r) <= unit * c
+
+    def above_boundary(j: int) -> bool:
+        """V's whole interval lies at or above boundary j for sure."""
+        if j < 0:
+            return True
+        c, r = high_prefix[j + 1], low_total - low_prefix[j + 1]
+        return v * (c + r) >= unit * c
+
+    # the first bin whose upper boundary is surely above V's interval
+    lo, hi = 0, bins - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if below_boundary(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo if above_boundary(lo - 1) else None
 
 
 def release_quantile(spec: QuantileSpec, histogram: Sequence[int]) -> float:

@@ -524,3 +524,16 @@ def test_private_keys_pass_partition_selection_with_quantiles(
     for age, median, units in released.values():
         assert units == exact[age]
         assert rank_distance(exact_db, "hours_per_week", f"age = {age}", median, 0.5) <= bound
+
+
+def test_median_and_percentile_share_one_cached_answer_under_their_own_names(
+        make_policy: PolicyFactory) -> None:
+    """MEDIAN(x) is PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY x): the repeat is the first
+    answer at no cost, but its column is named as PostgreSQL names it."""
+    with Engine.from_path(make_policy(replace=BIG)) as engine:
+        session = engine.session("alice", epsilon=0.5)
+        first = session.execute("SELECT MEDIAN(age) FROM adult")
+        again = session.execute(
+            "SELECT PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY age) FROM adult")
+    assert first.columns == ("median",) and again.columns == ("percentile_cont",)
+    assert again.rows == first.rows and again.cost is None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .accountant import Cost
 from .plan import QueryPlan
+from .quantiles import rank_error
 from .selection import effective_threshold
 
 
@@ -21,7 +22,7 @@ def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -
     lines = [
         f"DP query on {analysis.table.name} ({unit})",
         f"Cost: ε={cost.epsilon:g}, δ={cost.delta:g} ({options.mechanism}, basic composition, "
-        f"split evenly over {sum(m.noise is not None for m in plan.measurements)} "
+        f"split evenly over {sum(m.private for m in plan.measurements)} "
         f"noisy statistic(s)"
         f"{' and partition selection' if plan.selection else ''}); "
         f"budget left before: ε={remaining.epsilon:.6g}, δ={remaining.delta:.3g}",
@@ -44,7 +45,18 @@ def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -
     else:
         lines.append("Groups: one (no GROUP BY)")
     for m in plan.measurements:
-        s, n = m.statistic, m.noise
+        s, n, q = m.statistic, m.noise, m.quantile
+        if q is not None:
+            b = q.binning
+            bins = (f"{b.bins} one-integer bins" if b.integer_points
+                    else f"{b.bins} bins of width {b.width:.6g}, released at their midpoints")
+            lines.append(
+                f"  {m.column} = {s.describe()}: exponential mechanism over {bins}; rank "
+                f"utility sensitivity {m.sensitivity:g} per group, ε={q.epsilon:.6g} "
+                f"(ε={q.epsilon_per_group:.6g} per group, ≤ {q.max_groups} group(s) per "
+                f"unit); {options.confidence:.0%} rank within ± "
+                f"{rank_error(q, options.confidence):.6g} rows of p·n")
+            continue
         if n is None:
             lines.append(f"  {m.column} = {s.describe()}: exact, no central noise (local-DP "
                          "reports in a table with public membership)")

@@ -14,6 +14,10 @@ at most `max_rows × row_contribution`, and the vector of all groups by
     L2 = √max_groups × max_rows × row_contribution.
 
 The groups of a GROUP BY are paid for once, through this sensitivity.
+
+A quantile (MEDIAN, PERCENTILE_CONT, MIN, MAX) takes one share of ε like any statistic,
+under either mechanism; its share is spent by the exponential mechanism, whose per-group
+ε is the share divided by max_groups (see `dpproxy.quantiles`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from .analyze import Analysis
 from .analyze.aggregates import Statistic
 from .errors import InvalidParameterValue
 from .mechanisms import Mechanism, NoiseSpec, calibrate, half_width
+from .quantiles import QuantileSpec, binning_for
 from .selection import SelectionSpec, plan_selection
 
 
@@ -77,6 +82,14 @@ class Measurement:
     # with public membership; see analyze/ldp.py)
     noise: NoiseSpec | None
     half_width: float  # at the plan's confidence level
+    # A quantile, released by the exponential mechanism (noise is None, sensitivity is the
+    # rank utility's per group): see dpproxy.quantiles
+    quantile: QuantileSpec | None = None
+
+    @property
+    def private(self) -> bool:
+        """True when releasing it spends budget (noise or the exponential mechanism)."""
+        return self.noise is not None or self.quantile is not None
 
 
 @dataclass(frozen=True)
@@ -93,7 +106,7 @@ class QueryPlan:
 
     @property
     def cost(self) -> Cost:
-        if self.selection is None and all(m.noise is None for m in self.measurements):
+        if self.selection is None and not any(m.private for m in self.measurements):
             return Cost(0.0, 0.0)  # nothing noised: reads no data, or only exact statistics
         uses_delta = self.options.mechanism == "gaussian" or self.selection is not None
         return Cost(self.options.epsilon, self.options.delta if uses_delta else 0.0)
@@ -101,11 +114,12 @@ class QueryPlan:
     @property
     def loss(self) -> Loss:
         """The cost in the forms that compose: (ε, δ) as charged under basic composition, and
-        zCDP ρ — Gaussian measurements Δ²/2σ², Laplace ones ε²/2 each — plus the δ that
-        lies outside zCDP (partition selection's threshold)."""
+        zCDP ρ — Gaussian measurements Δ²/2σ², Laplace ones ε²/2 each, quantiles ε²/8 — plus
+        the δ that lies outside zCDP (partition selection's threshold)."""
         cost = self.cost
         rho = sum(m.noise.rho if m.noise.rho is not None else m.noise.epsilon ** 2 / 2
                   for m in self.measurements if m.noise is not None)
+        rho += sum(m.quantile.rho for m in self.measurements if m.quantile is not None)
         outside_delta = 0.0
         if self.selection is not None:
             sel = self.selection
@@ -151,8 +165,16 @@ def plan_query(analysis: Analysis, options: QueryOptions) -> QueryPlan:
         if statistic.exact:  # already private (local DP): computed, not noised, not charged
             measurements.append(Measurement(f"m{index}", statistic, 0.0, None, 0.0))
             continue
-        sensitivity = statistic_sensitivity(statistic, bound, options.mechanism)
         epsilon = options.epsilon / shares
+        if statistic.kind == "quantile":
+            assert statistic.quantile is not None
+            spec = QuantileSpec(statistic.quantile, epsilon, bound.max_groups, bound.max_rows,
+                                binning_for(statistic.lower, statistic.upper,
+                                            statistic.integer_valued))
+            measurements.append(Measurement(f"m{index}", statistic, spec.utility_sensitivity,
+                                            None, 0.0, spec))
+            continue
+        sensitivity = statistic_sensitivity(statistic, bound, options.mechanism)
         delta = options.delta / shares if options.mechanism == "gaussian" else 0.0
         if sensitivity == 0:
             # A sum of a constant zero: nothing about any unit is in it. Noise it anyway at

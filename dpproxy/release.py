@@ -19,8 +19,9 @@ from statistics import NormalDist
 from .analyze import AggregateCall, Analysis, GroupKey, Output
 from .analyze.aggregates import combine, interval
 from .mechanisms import NoiseSpec, half_width, release_many
-from .plan import QueryPlan
+from .plan import Measurement, QueryPlan
 from .postprocess import Value, evaluate
+from .quantiles import decode_histogram, rank_error, release_quantile
 from .selection import SelectionSpec, effective_threshold
 
 Interval = tuple[float, float]
@@ -33,15 +34,23 @@ class ColumnAccuracy:
     name: str
     aggregate: str  # the aggregate as written, e.g. "AVG(age)"
     mechanism: str
-    noise_scales: tuple[float, ...]  # Laplace b or Gaussian σ of each underlying statistic
+    # Laplace b or Gaussian σ of each underlying statistic; for a quantile, 1/a in rows of
+    # rank (P(bin) ∝ exp(−distance/scale), see dpproxy.quantiles)
+    noise_scales: tuple[float, ...]
     epsilon: float
     delta: float
     confidence: float
     half_width: float | None  # None when the interval depends on the row (AVG)
+    # Quantiles (exponential mechanism): the released value's rank is within this many rows
+    # of p·n at the confidence level; they have no value interval (see dpproxy.quantiles)
+    rank_error: float | None = None
 
     def describe(self) -> str:
-        spread = (f"± {self.half_width:.4g}" if self.half_width is not None
-                  else "interval per row")
+        if self.rank_error is not None:
+            spread = f"rank within ± {self.rank_error:.4g} rows of p·n"
+        else:
+            spread = (f"± {self.half_width:.4g}" if self.half_width is not None
+                      else "interval per row")
         return (f"{self.name}: {self.mechanism}, scale "
                 f"{', '.join(f'{s:.4g}' for s in self.noise_scales)}, ε={self.epsilon:.4g}"
                 f"{f', δ={self.delta:.3g}' if self.delta else ''}; "
@@ -70,7 +79,9 @@ def _exact_by_group(analysis: Analysis, rows: Sequence[tuple[object, ...]], key_
     for row in rows:
         key = tuple(_normalize_key(v, k) for v, k in zip(row[:key_count], analysis.keys,
                                                           strict=True))
-        by_group[key] = tuple(float(v) if v is not None else 0.0 for v in row[key_count:])
+        # a quantile's column holds its (bin, rows) pairs: kept as they are for the mechanism
+        by_group[key] = tuple(v if isinstance(v, list) else float(v) if v is not None else 0.0
+                              for v in row[key_count:])  # type: ignore[misc]
     return by_group
 
 
@@ -86,7 +97,8 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
 
     # One vector per measurement over all groups: the noise spec covers the whole vector.
     noisy_by_measurement = [
-        _noised([_finite(exact.get(g, zeros)[i]) for g in groups], m.noise)
+        _quantiles([exact.get(g, zeros)[i] for g in groups], m) if m.quantile is not None
+        else _noised([_finite(exact.get(g, zeros)[i]) for g in groups], m.noise)
         for i, m in enumerate(plan.measurements)
     ]
     level_half = [_half_widths(agg, plan) for agg in analysis.aggregates]
@@ -104,7 +116,8 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
             if agg.rule.integer_result(stats):
                 value = round(value)
             values[agg.sql] = value
-            intervals[agg.sql] = interval(agg.rule, released, halves, stats)
+            if not agg.rule.exponential:  # quantiles have none (see dpproxy.quantiles)
+                intervals[agg.sql] = interval(agg.rule, released, halves, stats)
         table_rows.append(values)
         table_intervals.append(intervals)
         keys_of_rows.append({k.name: v for k, v in zip(analysis.keys, group, strict=True)})
@@ -124,6 +137,15 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
                            for o in analysis.outputs) for i in selected]
     return Released(tuple(o.name for o in analysis.outputs), out_rows,
                     tuple(_accuracy(o, plan) for o in analysis.outputs), out_intervals)
+
+
+def _quantiles(histograms: list[object], measurement: Measurement) -> list[float]:
+    """One exponential-mechanism draw per group, each from its own histogram (a group
+    absent from the backend's answer has none: every bin is then equally likely)."""
+    spec = measurement.quantile
+    assert spec is not None
+    return [release_quantile(spec, decode_histogram(
+        h if isinstance(h, list) else None, spec.binning.bins)) for h in histograms]
 
 
 def _noised(values: list[float], noise: NoiseSpec | None) -> Sequence[float]:
@@ -174,7 +196,7 @@ def _output_interval(output: Output, analysis: Analysis, intervals: dict[str, In
                      ) -> Interval | None:
     if output.aggregate is None:
         return None
-    return intervals[analysis.aggregates[output.aggregate].sql]
+    return intervals.get(analysis.aggregates[output.aggregate].sql)
 
 
 def _accuracy(output: Output, plan: QueryPlan) -> ColumnAccuracy | None:
@@ -182,6 +204,13 @@ def _accuracy(output: Output, plan: QueryPlan) -> ColumnAccuracy | None:
         return None
     agg = plan.analysis.aggregates[output.aggregate]
     measurements = [plan.measurements[i] for i in agg.statistics]
+    quantile = measurements[0].quantile
+    if quantile is not None:
+        return ColumnAccuracy(
+            name=output.name, aggregate=agg.sql, mechanism="exponential",
+            noise_scales=(1 / float(quantile.rate),), epsilon=quantile.epsilon, delta=0.0,
+            confidence=plan.options.confidence, half_width=None,
+            rank_error=rank_error(quantile, plan.options.confidence))
     noises = [m.noise for m in measurements if m.noise is not None]
     # local-DP aggregates name their randomization, and the central noise if there is any
     mechanism = " + ".join([*([agg.rule.mechanism] if agg.rule.mechanism else []),

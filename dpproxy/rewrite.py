@@ -12,6 +12,13 @@ never a raw row. Three transformations make it safe to run:
   chosen rows per group and at most `max_groups` groups, chosen by a hash
   salted afresh for every query.
 
+A quantile measurement (`dpproxy.quantiles`) needs each group's histogram of its
+clamped argument over fixed bins. The statement then aggregates twice: first per
+group *and bin* (so every other statistic is computed as a partial per bin, the
+distinct-unit counts as rows ranked first of their unit and group), then per group,
+summing the partials and collecting the (bin, rows) pairs with ARRAY_AGG. Each pair
+counts rows, like COUNT(*): no row and no value crosses, only the sparse histogram.
+
 >>> from dpproxy.policy import ColumnPolicy, TablePolicy
 >>> from sqlglot import parse_one
 >>> t = TablePolicy("t", {"a": ColumnPolicy("a", "int", 0, 10), "b": ColumnPolicy("b", "int")})
@@ -29,8 +36,9 @@ from sqlglot import exp
 
 from .analyze.aggregates import Statistic
 from .analyze.expressions import make_resolver, type_row_expression
-from .plan import QueryPlan
+from .plan import Measurement, QueryPlan
 from .policy import ColumnPolicy, TablePolicy
+from .quantiles import binning_for
 from .rewrite_postgres import clamp_source_postgres, make_total_postgres
 
 UNIT = "__unit"
@@ -38,6 +46,7 @@ ROW_RANK = "__row_rank"
 GROUP_RANK = "__group_rank"
 RANDOM = "__random"
 SELECTION = "units_for_selection"
+BIN_ROWS = "__bin_rows"
 _DOUBLE = exp.DataType.build("DOUBLE")
 _BIGINT = exp.DataType.build("BIGINT")
 
@@ -163,6 +172,30 @@ def _clamped(statistic: Statistic, table: TablePolicy, dialect: str) -> exp.Expr
                                 true=exp.Null())], default=centred)
 
 
+def _bin_index(statistic: Statistic, table: TablePolicy, dialect: str) -> exp.Expression:
+    """The bin of the clamped argument (NULL stays NULL), as BIGINT: value − lower for
+    one-integer bins, else ⌊(value − lower) · bins/(upper − lower)⌋ capped at bins − 1.
+    Computed in DOUBLE on both backends, with the same operations, so that both put a
+    value in the same bin."""
+    binning = binning_for(statistic.lower, statistic.upper, statistic.integer_valued)
+    guarded = _clamped(statistic, table, dialect)  # CASE WHEN v IS NULL THEN NULL ELSE clamp
+    value = exp.cast(guarded.args["default"], _DOUBLE)
+    offset = exp.Sub(this=value, expression=_double(statistic.lower))
+    if binning.integer_points:
+        index: exp.Expression = offset  # a whole number: the clamp rounds integer values
+    else:
+        index = exp.Least(
+            this=exp.func("FLOOR", exp.Mul(this=exp.Paren(this=offset),
+                                           expression=_double(binning.scale))),
+            expressions=[_double(binning.bins - 1)], ignore_nulls=True)
+    guarded.set("default", exp.cast(index, _BIGINT))
+    return guarded
+
+
+def _double(value: float) -> exp.Expression:
+    return exp.cast(exp.Literal.number(value), _DOUBLE)
+
+
 def _key_literal(value: object, column: ColumnPolicy) -> exp.Expression:
     if column.type == "bool":
         return exp.Boolean(this=bool(value))
@@ -214,6 +247,8 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
         statistic = measurement.statistic
         if statistic.kind == "sum":
             value: exp.Expression | None = _clamped(statistic, table, dialect)
+        elif statistic.kind == "quantile":
+            value = _bin_index(statistic, table, dialect)
         elif statistic.kind == "count" and statistic.argument is not None:
             value = make_total(statistic.argument, table, dialect)
         else:
@@ -262,6 +297,8 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
         source = exp.select(exp.Star(), *ranks, copy=False).from_(source, copy=False) \
             .subquery("ranked", copy=False)
 
+    if any(m.quantile is not None for m in plan.measurements):
+        return _rewrite_binned(plan, dialect, source, bounded_filter, key_names, value_names)
     outer_items: list[exp.Expression] = list(key_refs)
     for measurement, value_name in zip(plan.measurements, value_names, strict=True):
         statistic = measurement.statistic
@@ -292,3 +329,63 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     return Rewritten(outer.sql(dialect=dialect), key_names,
                      tuple(m.column for m in plan.measurements), salted)
 
+
+
+def _rewrite_binned(plan: QueryPlan, dialect: str, source: exp.Expression,
+                    bounded_filter: list[exp.Expression], key_names: tuple[str, ...],
+                    value_names: list[str | None]) -> Rewritten:
+    """The two-level form for plans with quantiles (see the module docstring): partials per
+    group and bin, then per group sums of the partials and ARRAY_AGG of (bin, rows)."""
+    if not plan.reads_data:
+        raise ValueError("a plan without measurements reads no data: do not run it")
+    unit = plan.contribution.privacy_unit is not None
+    key_refs = [exp.column(k) for k in key_names]
+    bin_names = [v for m, v in zip(plan.measurements, value_names, strict=True)
+                 if m.quantile is not None and v is not None]
+    first_row = exp.Case(ifs=[exp.If(this=exp.EQ(this=exp.column(ROW_RANK),
+                                                 expression=exp.Literal.number(1)),
+                                     true=exp.Literal.number(1))],
+                         default=exp.Literal.number(0))
+
+    def partial(measurement: Measurement, value_name: str | None) -> exp.Expression:
+        kind = measurement.statistic.kind
+        if kind == "sum":
+            return exp.Coalesce(this=exp.Sum(this=exp.column(value_name)),
+                                expressions=[exp.Literal.number(0)])
+        if kind == "count_units" and unit:
+            # COUNT(DISTINCT unit) does not add up over bins; each unit has exactly one
+            # row ranked 1 in each of its groups, and it is always kept with the group
+            return exp.Sum(this=first_row.copy())
+        if value_name is not None:
+            return exp.Count(this=exp.column(value_name))
+        return exp.Count(this=exp.Star())
+
+    inner_items: list[exp.Expression] = [k.copy() for k in key_refs]
+    inner_items += [exp.column(b) for b in bin_names]
+    outer_items: list[exp.Expression] = [k.copy() for k in key_refs]
+    for measurement, value_name in zip(plan.measurements, value_names, strict=True):
+        column = measurement.column
+        if measurement.quantile is not None:
+            pair = exp.Array(expressions=[exp.column(value_name), exp.column(BIN_ROWS)])
+            outer_items.append(exp.alias_(exp.ArrayAgg(this=pair), column))
+            continue
+        inner_items.append(exp.alias_(partial(measurement, value_name), column))
+        outer_items.append(exp.alias_(exp.Sum(this=exp.column(column)), column))
+    inner_items.append(exp.alias_(exp.Count(this=exp.Star()), BIN_ROWS))
+    if plan.selection is not None:
+        units = exp.Sum(this=first_row.copy()) if unit else exp.Count(this=exp.Star())
+        inner_items.append(exp.alias_(units, SELECTION))
+        outer_items.append(exp.alias_(exp.Sum(this=exp.column(SELECTION)), SELECTION))
+
+    binned = exp.select(*inner_items, copy=False).from_(source, copy=False)
+    if bounded_filter:
+        binned = binned.where(exp.and_(*bounded_filter, copy=False), copy=False)
+    binned = binned.group_by(*(k.copy() for k in key_refs), *(exp.column(b) for b in bin_names),
+                             copy=False)
+    outer = exp.select(*outer_items, copy=False).from_(binned.subquery("binned", copy=False),
+                                                       copy=False)
+    if key_refs:
+        outer = outer.group_by(*(k.copy() for k in key_refs), copy=False)
+    salted = unit and bool(key_names)
+    return Rewritten(outer.sql(dialect=dialect), key_names,
+                     tuple(m.column for m in plan.measurements), salted)

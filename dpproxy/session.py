@@ -366,6 +366,9 @@ class Session:
 
     def _cached_result(self, plan: QueryPlan, answer: str) -> Result:
         result = _result_from_json(answer)
+        # Names are not in the key: MEDIAN(x) and PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY
+        # x) normalize to the same statement but PostgreSQL names them differently.
+        result.columns = tuple(o.name for o in plan.analysis.outputs)
         result.cost = None
         result.remaining = self.remaining()
         result.notices = [*(a.describe() for a in result.accuracy if a is not None),

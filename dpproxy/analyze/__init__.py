@@ -18,12 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 
 from sqlglot import exp
 
 from ..errors import (
     DatatypeMismatch,
     GroupingError,
+    InvalidParameterValue,
     NotSupportedError,
     PrivacyViolation,
     ProgrammingError,
@@ -37,7 +40,7 @@ from ..postprocess import (
     output_name,
     refer_to_aggregates,
 )
-from .aggregates import RULES, SUPPORTED_HELP, AggregateRule, Statistic
+from .aggregates import RULES, SUPPORTED_HELP, AggregateRule, Statistic, quantile_rule
 from .expressions import (
     ExprType,
     Resolver,
@@ -162,6 +165,7 @@ def analyze(select: exp.Expression, policy: Policy, analyst: AnalystPolicy
     statement = select.sql("postgres")
     if select.args.get("from_") is None:
         return _constant_query(select, statement)
+    select = _fold_within_group(select)
     table, alias = _resolve_table(select, policy, analyst)
     resolve = make_resolver(table.name, alias, table.columns)
     where = _check_where(select, resolve)
@@ -207,6 +211,56 @@ def _constant_query(select: exp.Select, statement: str) -> ConstantQuery:
         check_output_expression(body, lambda node: None)
         outputs.append(Output(output_name(item), body, None, None))
     return ConstantQuery(tuple(outputs), statement)
+
+
+def _fold_within_group(select: exp.Select) -> exp.Select:
+    """PERCENTILE_CONT(p) WITHIN GROUP (ORDER BY x) becomes one aggregate node holding both
+    x and p (the form sqlglot prints back as written); ORDER BY x DESC is quantile 1 − p.
+
+    >>> from sqlglot import parse_one
+    >>> q = parse_one("SELECT PERCENTILE_CONT(0.9) WITHIN GROUP (ORDER BY age DESC) FROM t",
+    ...               read="postgres")
+    >>> _fold_within_group(q).sql("postgres")
+    'SELECT PERCENTILE_CONT(0.1) WITHIN GROUP (ORDER BY age) FROM t'
+    """
+    def fold(node: exp.Expression) -> exp.Expression:
+        if not isinstance(node, exp.WithinGroup):
+            return node
+        function, order = node.this, node.expression
+        if not isinstance(function, exp.PercentileCont | exp.PercentileDisc) \
+                or function.args.get("expression") is not None:
+            raise NotSupportedError(f"{node.sql('postgres')} is not supported",
+                                    hint=f"supported aggregates: {SUPPORTED_HELP}")
+        items = order.expressions if isinstance(order, exp.Order) else []
+        if len(items) != 1:
+            raise NotSupportedError("WITHIN GROUP takes exactly one ORDER BY expression")
+        p = _quantile_literal(function.this, function.sql_name())
+        if items[0].args.get("desc"):
+            p = 1 - p
+        text = str(p.numerator) if p.denominator == 1 else format(
+            Decimal(p.numerator) / Decimal(p.denominator), "f")
+        return type(function)(this=items[0].this.copy(), expression=exp.Literal.number(text))
+    return select.transform(fold)  # a copy: the caller's tree is left as written
+
+
+def _quantile_literal(node: exp.Expression, function: str) -> Fraction:
+    """The constant p of a percentile, exactly (0.9 is 9/10, not the nearest double)."""
+    text = None
+    if isinstance(node, exp.Literal) and not node.is_string:
+        text = node.this
+    elif isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal):
+        text = "-" + node.this.this
+    try:
+        p = Fraction(Decimal(text)) if text is not None else None
+    except (InvalidOperation, ValueError):
+        p = None
+    if p is None:
+        raise NotSupportedError(f"{function} needs a constant fraction, got "
+                                f"{node.sql('postgres')}", hint=f"e.g. {function}(0.9)")
+    if not 0 <= p <= 1:
+        raise InvalidParameterValue(f"percentile value {text} is not between 0 and 1",
+                                    hint="0.5 is the median, 0.9 the 90th percentile")
+    return p
 
 
 # 2 -------------------------------------------------------------------------------------------
@@ -339,8 +393,49 @@ def _aggregate_parts(node: exp.AggFunc, table: TablePolicy
         if isinstance(arg, exp.Distinct):
             raise NotSupportedError(f"{node.key.upper()}(DISTINCT …) is not supported")
         return node.key.lower(), arg
+    if isinstance(node, exp.Median | exp.Min | exp.Max | exp.PercentileCont):
+        return _quantile_parts(node)
+    if isinstance(node, exp.PercentileDisc):
+        raise NotSupportedError(
+            f"{node.sql('postgres')}: PERCENTILE_DISC returns a value of some row, which no "
+            "noise can protect", hint="use PERCENTILE_CONT(p) WITHIN GROUP (ORDER BY …), a "
+                                      "differentially private estimate of the same quantile")
     raise NotSupportedError(f"aggregate {node.sql_name()} is not supported",
                             hint=f"supported aggregates: {SUPPORTED_HELP}")
+
+
+def _quantile_parts(node: exp.AggFunc) -> tuple[str, exp.Expression | None]:
+    """MEDIAN / MIN / MAX (rules "median", "min", "max") and PERCENTILE_CONT after
+    `_fold_within_group` ("percentile_cont"; its p is read by `_quantile_of`)."""
+    arg = node.this
+    if isinstance(arg, exp.Distinct):
+        raise NotSupportedError(f"{node.sql_name()}(DISTINCT …) is not supported")
+    if isinstance(node, exp.Min | exp.Max) and (node.expressions or node.args.get("count")):
+        raise NotSupportedError(f"{node.sql_name()} takes one argument")
+    if isinstance(node, exp.PercentileCont):
+        if node.args.get("expression") is None:
+            raise NotSupportedError(
+                "PERCENTILE_CONT needs WITHIN GROUP (ORDER BY …)",
+                hint="write PERCENTILE_CONT(0.9) WITHIN GROUP (ORDER BY expr)")
+        return "percentile_cont", arg
+    return node.key.lower(), arg
+
+
+def _quantile_of(node: exp.Expression) -> Fraction:
+    return _quantile_literal(node.args["expression"], "PERCENTILE_CONT")
+
+
+def _quantile_clamp_hint(node: exp.Expression, arg: exp.Expression, t: ExprType) -> str:
+    lo = f"{t.lower:g}" if t.lower != float("-inf") else "<lower>"
+    hi = f"{t.upper:g}" if t.upper != float("inf") else "<upper>"
+    clamped = f"LEAST(GREATEST({arg.sql('postgres')}, {lo}), {hi})"
+    if isinstance(node, exp.PercentileCont):
+        p = node.expression.sql("postgres")
+        example = f"PERCENTILE_CONT({p}) WITHIN GROUP (ORDER BY {clamped})"
+    else:
+        example = f"{node.sql_name()}({clamped})"
+    return (f"clamp the argument to bounds you choose, e.g. {example}, or declare lower/upper "
+            "for the column in the policy")
 
 
 def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolver
@@ -365,19 +460,26 @@ def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolve
             rule_name, arg = ("local", None) if local else _aggregate_parts(node, table)
             if arg is not None:
                 arg = coerce_literals(arg, resolve)
-            rule = local[0] if local else RULES[rule_name]
+            if local:
+                rule = local[0]
+            elif rule_name == "percentile_cont":
+                rule = quantile_rule(_quantile_of(node))
+            else:
+                rule = RULES[rule_name]
             arg_type = None
             if arg is not None:
                 arg_type = type_row_expression(arg, resolve)
-                if rule_name in ("sum", "avg"):
+                if rule_name in ("sum", "avg") or rule.exponential:
+                    name = node.sql_name() if rule.exponential else rule_name.upper()
                     if arg_type.kind not in ("num", "null"):
-                        raise DatatypeMismatch(f"{rule_name.upper()} needs a number, got "
+                        raise DatatypeMismatch(f"{name} needs a number, got "
                                                f"{arg_type.kind}: {arg.sql('postgres')}")
                     if not arg_type.bounded:
                         raise PrivacyViolation(
                             f"{key}: no bound is known for {arg.sql('postgres')}, so one "
                             "person could change the result without limit",
-                            hint=_clamp_hint(rule_name.upper(), arg, arg_type))
+                            hint=_quantile_clamp_hint(node, arg, arg_type) if rule.exponential
+                            else _clamp_hint(rule_name.upper(), arg, arg_type))
             indexes = []
             for statistic in (local[1] if local else rule.statistics(arg, arg_type)):
                 same = next((i for i, s in enumerate(statistics)

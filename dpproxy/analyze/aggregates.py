@@ -8,16 +8,19 @@ post-processing, and a conservative confidence interval.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Literal
 
 from sqlglot import exp
 
+from ..quantiles import binning_for
 from .expressions import ExprType
 
-StatisticKind = Literal["count", "sum", "count_units"]
+StatisticKind = Literal["count", "sum", "count_units", "quantile"]
 INF = math.inf
 
 
@@ -27,7 +30,9 @@ class Statistic:
 
     For "sum", each row contributes clamp(argument, lower, upper) - center; for
     "count", 1 per row where the argument is not NULL (every row when argument is
-    None); for "count_units", 1 per privacy unit in the group.
+    None); for "count_units", 1 per privacy unit in the group; for "quantile", the histogram
+    of clamp(argument, lower, upper) over bins of that range (`dpproxy.quantiles`), from
+    which the exponential mechanism picks the `quantile` (p in [0, 1]).
 
     An `exact` statistic is released without central noise: only local-DP aggregates over a
     table with public membership have them (see `analyze/ldp.py`).
@@ -40,10 +45,12 @@ class Statistic:
     center: float = 0.0
     integer_valued: bool = True
     exact: bool = False
+    quantile: Fraction | None = None  # p, for kind "quantile"
 
     @property
     def row_contribution(self) -> float:
-        """Largest change one row (one unit, for count_units) makes to this statistic."""
+        """Largest change one row (one unit, for count_units) makes to this statistic (for a
+        quantile: to the rank utility of every candidate bin)."""
         if self.kind == "sum":
             return max(abs(self.lower - self.center), abs(self.upper - self.center))
         return 1.0
@@ -52,7 +59,8 @@ class Statistic:
     def identity(self) -> tuple[object, ...]:
         """Equal identities compute the same number: measure it once."""
         arg = self.argument.sql("postgres") if self.argument is not None else None
-        return (self.kind, arg, self.lower, self.upper, self.center, self.exact)
+        return (self.kind, arg, self.lower, self.upper, self.center, self.exact,
+                self.quantile)
 
     def describe(self) -> str:
         arg = self.argument.sql("postgres") if self.argument is not None else "*"
@@ -61,6 +69,8 @@ class Statistic:
         if self.kind == "count_units":
             return "COUNT(DISTINCT privacy unit)"
         clamp = f"clamp({arg}, {self.lower:g}, {self.upper:g})"
+        if self.kind == "quantile":
+            return f"QUANTILE {float(self.quantile or 0):g} of histogram({clamp})"
         return f"SUM({clamp} - {self.center:g})" if self.center else f"SUM({clamp})"
 
 
@@ -84,6 +94,8 @@ class AggregateRule:
     # which the rule scales by its own standard error. `mechanism` names the randomization.
     local_sampling: bool = False
     mechanism: str | None = None
+    # Released by the exponential mechanism (quantiles): no value interval, a rank bound.
+    exponential: bool = False
 
 
 def _clip(value: float, bounds: Interval) -> float:
@@ -148,6 +160,32 @@ def _avg_interval(values: Values, half: Values, stats: Stats) -> Interval:
     return (s.center + min(corners), s.center + max(corners))
 
 
+def _no_interval(values: Values, half: Values, stats: Stats) -> Interval:
+    # never called: release gives exponential rules no value interval (see quantiles.py)
+    return (-INF, INF)
+
+
+@functools.cache
+def quantile_rule(quantile: Fraction) -> AggregateRule:
+    """MEDIAN, PERCENTILE_CONT(p), MIN (p = 0), MAX (p = 1): the exponential mechanism over
+    a histogram of the clamped argument (`dpproxy.quantiles`). MIN and MAX are the DP
+    estimates of quantiles 0 and 1 of the clamped values, not the true extremes."""
+    def statistics(arg: exp.Expression | None, t: ExprType | None) -> list[Statistic]:
+        assert arg is not None and t is not None
+        return [Statistic("quantile", arg, t.lower, t.upper, 0.0, t.integer,
+                          quantile=quantile)]
+
+    return AggregateRule(
+        f"quantile {quantile}", statistics, _single, _no_interval,
+        lambda stats: (stats[0].lower, stats[0].upper),
+        # whole numbers when each bin is one integer (see quantiles.binning_for)
+        lambda stats: _quantile_integer(stats[0]), exponential=True)
+
+
+def _quantile_integer(s: Statistic) -> bool:
+    return binning_for(s.lower, s.upper, s.integer_valued).integer_points
+
+
 RULES: dict[str, AggregateRule] = {
     "count": AggregateRule("count", _count_statistics, _single, _single_interval,
                            _nonnegative, lambda stats: True),
@@ -157,9 +195,14 @@ RULES: dict[str, AggregateRule] = {
                          lambda stats: (stats[0].lower, stats[0].upper), lambda stats: False),
     "count_units": AggregateRule("count_units", _units_statistics, _single, _single_interval,
                                  _nonnegative, lambda stats: True),
+    "median": quantile_rule(Fraction(1, 2)),
+    "min": quantile_rule(Fraction(0)),
+    "max": quantile_rule(Fraction(1)),
 }
 
-SUPPORTED_HELP = "COUNT(*), COUNT(expr), COUNT(DISTINCT <privacy unit>), SUM(expr), AVG(expr)"
+SUPPORTED_HELP = ("COUNT(*), COUNT(expr), COUNT(DISTINCT <privacy unit>), SUM(expr), AVG(expr), "
+                  "MEDIAN(expr), PERCENTILE_CONT(p) WITHIN GROUP (ORDER BY expr), MIN(expr), "
+                  "MAX(expr)")
 
 
 def combine(rule: AggregateRule, values: Values, stats: Stats) -> float:

@@ -1,0 +1,548 @@
+"""GROUP BY over row expressions, public key sets (`public_range`), and bounds through
+expressions, from the policy file to released rows on DuckDB and PostgreSQL.
+
+Noise and tolerances, as in test_queries: value checks run at ε = 1000 per query, so a
+statistic of L1 sensitivity Δ among k gets Laplace scale b ≈ kΔ/1000, and every tolerance
+is at least 50·b; a (discrete) Laplace draw exceeds 50·b with probability < 2·e^-50 ≈ 4e-22,
+so no test here fails by bad luck with any noticeable probability.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import doctest
+import math
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from sqlglot import exp
+
+from dpproxy import errors
+from dpproxy.accountant import Cost
+from dpproxy.analyze import Analysis, analyze
+from dpproxy.parse import parse_statements
+from dpproxy.plan import QueryOptions, QueryPlan, plan_query
+from dpproxy.policy import Policy, load_policy
+from dpproxy.rewrite import rewrite
+from dpproxy.session import Engine
+
+EPS = 1000.0
+# The demo policy, with a budget that never runs out and public ranges on age and day
+RANGES = {
+    "budget = { epsilon = 10.0, delta = 1e-5 }": "budget = { epsilon = 1e9, delta = 0.5 }",
+    'age = { type = "int", lower = 17, upper = 90, nullable = false }':
+        'age = { type = "int", lower = 17, upper = 90, nullable = false, '
+        "public_range = { step = 1 } }",
+    'day = { type = "date", nullable = false }':
+        'day = { type = "date", nullable = false, '
+        'public_range = { first = "2024-01-01", last = "2024-12-31" } }',
+}
+MONTHS = tuple(dt.date(2024, m, 1).isoformat() for m in range(1, 13))
+
+
+@pytest.fixture(params=["duckdb", "postgres"])
+def backend_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def engine(make_policy: Any) -> Iterator[Engine]:
+    with Engine.from_path(make_policy(replace=RANGES)) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def exact_db(demo_database: Path, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[duckdb.DuckDBPyConnection]:
+    """The demo data read directly (a copy: see test_queries.exact_db)."""
+    copy = tmp_path_factory.mktemp("exact") / "demo.duckdb"
+    copy.write_bytes(demo_database.read_bytes())
+    con = duckdb.connect(str(copy), read_only=True)
+    yield con
+    con.close()
+
+
+def exact(con: duckdb.DuckDBPyConnection, sql: str, width: int = 1
+          ) -> dict[Any, tuple[Any, ...]]:
+    """Rows by key: the first column, or a tuple of the first `width` columns."""
+    return {(row[0] if width == 1 else tuple(row[:width])): tuple(row[width:])
+            for row in con.execute(sql).fetchall()}
+
+
+# -- 1. accepted expression keys, both backends --------------------------------------------------
+
+# (id, query, output columns, the released keys in order, DuckDB SQL of the exact values by
+# key, tolerance). Keys are public (enumerated from public_values or public_range), so every
+# one is released, zeros included, in the order of the public values; adult has one row per
+# person, so the exact values are plain GROUP BY results.
+PUBLIC_CASES = [
+    ("decades", "SELECT age / 10 * 10, COUNT(*) FROM adult GROUP BY 1",
+     ("?column?", "count"), tuple(range(10, 100, 10)),
+     "SELECT age // 10 * 10, COUNT(*) FROM adult GROUP BY 1", 1.0),
+    ("decades_alias_desc",
+     "SELECT age / 10 * 10 AS decade, COUNT(*) AS n FROM adult GROUP BY decade "
+     "ORDER BY decade DESC", ("decade", "n"), tuple(range(90, 0, -10)),
+     "SELECT age // 10 * 10, COUNT(*) FROM adult GROUP BY 1", 1.0),
+    ("decades_repeated_expression",
+     "SELECT age / 10 * 10, SUM(hours_per_week * 52) FROM adult GROUP BY age / 10 * 10",
+     ("?column?", "sum"), tuple(range(10, 100, 10)),
+     "SELECT age // 10 * 10, SUM(hours_per_week * 52) FROM adult GROUP BY 1", 260.0),
+    ("floor_bins", "SELECT FLOOR(age / 5) * 5 AS b, COUNT(*) FROM adult GROUP BY 1",
+     ("b", "count"), tuple(range(15, 95, 5)),
+     "SELECT age // 5 * 5, COUNT(*) FROM adult GROUP BY 1", 1.0),
+    ("qualified_and_parenthesized",
+     "SELECT (a.age / 10) * 10, COUNT(*) FROM adult a GROUP BY (age / 10) * 10",
+     ("?column?", "count"), tuple(range(10, 100, 10)),
+     "SELECT age // 10 * 10, COUNT(*) FROM adult GROUP BY 1", 1.0),
+    ("lower_sex", "SELECT LOWER(sex), COUNT(*) FROM adult GROUP BY LOWER(sex)",
+     ("lower", "count"), ("female", "male"),
+     "SELECT lower(sex), COUNT(*) FROM adult GROUP BY 1", 1.0),
+    ("upper_income_avg",
+     "SELECT UPPER(income) AS i, AVG(age) FROM adult GROUP BY 1", ("i", "avg"),
+     ("<=50K", ">50K"), "SELECT upper(income), AVG(age) FROM adult GROUP BY 1", 0.05),
+    # NULL occupations fall in the ELSE branch: 'b' counts them too, as PostgreSQL would
+    ("case_over_public_values",
+     "SELECT CASE WHEN occupation IN ('Sales', 'Tech-support') THEN 'a' ELSE 'b' END AS grp, "
+     "COUNT(*) FROM adult GROUP BY grp", ("grp", "count"), ("b", "a"),
+     "SELECT CASE WHEN occupation IN ('Sales', 'Tech-support') THEN 'a' ELSE 'b' END, "
+     "COUNT(*) FROM adult GROUP BY 1", 1.0),
+    ("key_in_output_arithmetic",
+     "SELECT age / 10 * 10 + 9 AS top, COUNT(*) FROM adult GROUP BY age / 10 * 10",
+     ("top", "count"), tuple(range(19, 109, 10)),
+     "SELECT age // 10 * 10 + 9, COUNT(*) FROM adult GROUP BY 1", 1.0),
+    ("having_on_key",
+     "SELECT age / 10 * 10 AS d, COUNT(*) FROM adult GROUP BY 1 HAVING age / 10 * 10 >= 60",
+     ("d", "count"), (60, 70, 80, 90),
+     "SELECT age // 10 * 10, COUNT(*) FROM adult GROUP BY 1", 1.0),
+    ("two_keys_column_and_expression",
+     "SELECT sex, age / 30 AS third, COUNT(*) FROM adult GROUP BY sex, 2",
+     ("sex", "third", "count"),
+     (("Female", 0), ("Female", 1), ("Female", 2), ("Female", 3),
+      ("Male", 0), ("Male", 1), ("Male", 2), ("Male", 3)),
+     "SELECT sex, age // 30, COUNT(*) FROM adult GROUP BY 1, 2", 1.0),
+    ("where_and_expression_key",
+     "SELECT age / 10 * 10, COUNT(*) FROM adult WHERE sex = 'Female' GROUP BY 1",
+     ("?column?", "count"), tuple(range(10, 100, 10)),
+     "SELECT age // 10 * 10, COUNT(*) FROM adult WHERE sex = 'Female' GROUP BY 1", 1.0),
+]
+
+
+@pytest.mark.parametrize(("sql", "columns", "keys", "truth", "tol"),
+                         [pytest.param(*c[1:], id=c[0]) for c in PUBLIC_CASES])
+def test_public_expression_keys(engine: Engine, exact_db: duckdb.DuckDBPyConnection, sql: str,
+                                columns: tuple[str, ...], keys: tuple[Any, ...], truth: str,
+                                tol: float) -> None:
+    session = engine.session("alice", epsilon=EPS)
+    result = session.execute(sql)
+    assert result.columns == columns
+    width = len(keys[0]) if isinstance(keys[0], tuple) else 1
+    released = [row[:width] if width > 1 else row[0] for row in result.rows]
+    assert tuple(released) == keys
+    # public keys: no partition selection, so no δ
+    assert result.cost == Cost(EPS, 0.0)
+    expected = exact(exact_db, truth, width)
+    for row in result.rows:
+        key = row[:width] if width > 1 else row[0]
+        # a public key absent from the data has the exact value 0 (zeros are released)
+        want = expected.get(key, (0,))
+        for got, w in zip(row[width:], want, strict=True):
+            assert abs(got - w) <= tol, (row, want)
+    # whole-number keys are ints on both backends (DOUBLE and NUMERIC would differ)
+    for row in result.rows:
+        for value in row[:width]:
+            assert type(value) in (int, str), row
+
+
+def test_case_key_with_null_branch_drops_null(engine: Engine) -> None:
+    """A key expression that is NULL for some public values: NULL is not enumerated, so
+    those rows are dropped (as a NULL column value is for public_values)."""
+    result = engine.session("alice", epsilon=EPS).execute(
+        "SELECT CASE WHEN sex = 'Female' THEN 'f' END AS s, COUNT(*) FROM adult GROUP BY 1")
+    assert [r[0] for r in result.rows] == ["f"]
+    assert abs(result.rows[0][1] - 10764) <= 1
+
+
+def test_date_trunc_month_keys_match_backend_exactly(
+        engine: Engine, exact_db: duckdb.DuckDBPyConnection) -> None:
+    """The 12 month starts enumerated from day's public range are exactly the values the
+    backend computes (a TIMESTAMP there): a mismatch would leave a month at zero. Each
+    person keeps ≤ 10 rows in each of ≤ 4 months; the bounded count of a month lies between
+    the rows of people who visit in at most 4 months (kept whole, capped at 10) and the
+    rows of everyone capped at 10 (L1 = 40 → b = 0.04, tolerance 2)."""
+    result = engine.session("alice", epsilon=EPS).execute(
+        "SELECT date_trunc('month', day), COUNT(*) FROM visits GROUP BY 1")
+    assert result.columns == ("date_trunc", "count")
+    assert tuple(r[0] for r in result.rows) == MONTHS
+    assert result.cost == Cost(EPS, 0.0)
+    bounds = exact(exact_db, """
+        WITH per AS (SELECT person_id, date_trunc('month', day) AS m, COUNT(*) AS n
+                     FROM visits GROUP BY ALL),
+             spread AS (SELECT person_id, COUNT(*) AS months FROM per GROUP BY 1)
+        SELECT strftime(m, '%Y-%m-%d'), SUM(CASE WHEN months <= 4 THEN LEAST(n, 10) ELSE 0 END),
+               SUM(LEAST(n, 10))
+        FROM per JOIN spread USING (person_id) GROUP BY 1""")
+    for month, count in result.rows:
+        low, high = bounds[month]
+        assert low > 100  # far from zero: a key mismatch would show
+        assert low - 2 <= count <= high + 2
+
+
+def test_extract_month_with_public_range_is_enumerated(engine: Engine) -> None:
+    result = engine.session("alice", epsilon=EPS).execute(
+        "SELECT EXTRACT(month FROM day) AS m, EXTRACT(dow FROM day) AS w, COUNT(*) "
+        "FROM visits GROUP BY m, w")
+    assert result.cost == Cost(EPS, 0.0)
+    # keys come in the order of the public values first yielding them: 2024-01-01 is a
+    # Monday (dow 1), so the weekdays run 1..6, then Sunday 0
+    weekdays = (1, 2, 3, 4, 5, 6, 0)
+    assert [r[:2] for r in result.rows] == [(m, w) for m in range(1, 13) for w in weekdays]
+    assert all(r[2] > 0 for r in result.rows)
+
+
+def test_private_expression_keys_pass_partition_selection(
+        engine: Engine, exact_db: duckdb.DuckDBPyConnection) -> None:
+    """hours_per_week has no public values: its bins are private, released only when their
+    noisy count of people clears the threshold, so δ is charged. At ε = 500 for selection the
+    threshold is a handful of people; bins with 20 or more people are certainly released."""
+    session = engine.session("alice", epsilon=EPS)
+    result = session.execute(
+        "SELECT hours_per_week / 10 * 10 AS h, COUNT(*) FROM adult GROUP BY h")
+    assert result.cost == Cost(EPS, session.options.delta)
+    truth = exact(exact_db, "SELECT hours_per_week // 10 * 10, COUNT(*) FROM adult GROUP BY 1")
+    keys = [row[0] for row in result.rows]
+    assert keys == sorted(keys) and set(keys) <= set(truth)
+    assert {k for k, (n,) in truth.items() if n >= 20} <= set(keys)
+    for h, count in result.rows:
+        assert type(h) is int
+        assert abs(count - truth[h][0]) <= 1
+
+
+def test_date_trunc_without_public_range_passes_selection(make_policy: Any) -> None:
+    """Without day's public range the months are private: partition selection (δ charged)."""
+    budget = {"budget = { epsilon = 10.0, delta = 1e-5 }":
+              "budget = { epsilon = 1e9, delta = 0.5 }"}
+    with Engine.from_path(make_policy(replace=budget)) as eng:
+        session = eng.session("alice", epsilon=EPS)
+        result = session.execute("SELECT date_trunc('month', day) AS m, COUNT(*) FROM visits "
+                                 "GROUP BY m")
+        assert result.cost == Cost(EPS, session.options.delta)
+        assert tuple(r[0] for r in result.rows) == MONTHS  # every month has thousands
+
+
+def test_non_integer_numeric_key_is_not_enumerated(engine: Engine) -> None:
+    """age / 4.0 could round differently in DOUBLE and NUMERIC: partition selection."""
+    session = engine.session("alice", epsilon=EPS)
+    result = session.execute("SELECT age / 4.0 AS q, COUNT(*) FROM adult GROUP BY q")
+    assert result.cost == Cost(EPS, session.options.delta)
+    assert all(isinstance(r[0], float) for r in result.rows)
+    assert 17 / 4 in {r[0] for r in result.rows}
+
+
+# -- 2. bounds through expressions, and the adversarial CASE ----------------------------------
+
+def test_sum_of_huge_case_branch_is_noised_to_its_bound(engine: Engine) -> None:
+    """SUM(CASE WHEN person_id = 7 THEN 1e12 ELSE 0 END): the branch union bounds it to
+    [0, 1e12], so the noise is calibrated to 1e12 — the answer is noise, not a leak. It runs
+    on both backends without overflow and the released value is finite. The probability that
+    |noise| exceeds 50·b = 5e10 (b = 1e12/1000) is < 4e-22, so the value lies in
+    [-5e10, 1e12 + 5e10]."""
+    session = engine.session("alice", epsilon=EPS)
+    sql = "SUM(CASE WHEN person_id = 7 THEN 1e12 ELSE 0 END)"
+    plan = "\n".join(r[0] for r in session.execute(f"EXPLAIN SELECT {sql} FROM adult").rows)
+    assert "L1 sensitivity 1e+12" in plan
+    assert "argument bounds [0, 1e+12]" in plan
+    (value,), = session.execute(f"SELECT {sql} FROM adult").rows
+    assert math.isfinite(value)
+    assert -5e10 <= value <= 1e12 + 5e10
+
+
+def test_clamp_applies_after_evaluation(engine: Engine) -> None:
+    """A huge branch inside an explicit clamp: the row value 1e300 is computed (NUMERIC on
+    PostgreSQL, DOUBLE on DuckDB) and then clamped to 100, so person 7 adds exactly 100
+    (b = 0.1, tolerance 5)."""
+    session = engine.session("alice", epsilon=EPS)
+    (value,), = session.execute(
+        "SELECT SUM(LEAST(GREATEST(CASE WHEN person_id = 7 THEN 1e300 ELSE 0 END, 0), 100)) "
+        "FROM adult").rows
+    assert abs(value - 100) <= 5
+
+
+@pytest.mark.parametrize(("sql", "sqlstate", "message", "hint"), [
+    pytest.param("SELECT SUM(CASE WHEN person_id = 7 THEN 1e16 ELSE 0 END) FROM adult",
+                 "0A000", "exceed ±1e+15", "LEAST(GREATEST(", id="bound_above_cap"),
+    pytest.param("SELECT AVG(age * 1e14) FROM adult", "0A000", "[1.7e+15, 9e+15]",
+                 "AVG(LEAST(GREATEST(age * 1e14", id="derived_bound_above_cap"),
+    pytest.param("SELECT SUM(CASE WHEN person_id = 7 THEN 1e300 * 1e300 ELSE 0 END) FROM adult",
+                 "42501", "no bound", "LEAST(GREATEST(", id="overflowing_constant"),
+    pytest.param("SELECT SUM(CASE WHEN person_id = 7 THEN capital_gain / (age - 40) END) "
+                 "FROM adult", "42501", "no bound", "LEAST(GREATEST(", id="unbounded_branch"),
+], )
+def test_rejected_bounds(engine: Engine, sql: str, sqlstate: str, message: str, hint: str
+                         ) -> None:
+    session = engine.session("alice")
+    before = session.remaining()
+    with pytest.raises(errors.Error) as caught:
+        session.execute(sql)
+    assert caught.value.sqlstate == sqlstate
+    assert message in caught.value.message
+    assert caught.value.hint is not None and hint in caught.value.hint
+    assert session.remaining() == before
+
+
+# -- 3. rejected GROUP BY expressions, both backends ---------------------------------------------
+
+@pytest.mark.parametrize(("sql", "sqlstate", "message"), [
+    pytest.param("SELECT person_id / 10, COUNT(*) FROM adult GROUP BY 1", "42501",
+                 "privacy unit person_id", id="unit_in_expression"),
+    pytest.param("SELECT COUNT(*) FROM adult GROUP BY CASE WHEN person_id > 5 THEN 1 END",
+                 "42501", "privacy unit", id="unit_in_case"),
+    pytest.param("SELECT COUNT(*) FROM visits GROUP BY person_id % 2", "42501",
+                 "privacy unit", id="unit_modulo"),
+    pytest.param("SELECT age, COUNT(*) FROM adult GROUP BY age / 10", "42501",
+                 "neither aggregated nor a GROUP BY key", id="select_column_not_key"),
+    pytest.param("SELECT age / 5, COUNT(*) FROM adult GROUP BY age / 10", "42501",
+                 "neither aggregated", id="select_other_expression"),
+    pytest.param("SELECT COUNT(*) FROM adult GROUP BY random() > 0.5", "0A000",
+                 "not supported in a row expression", id="volatile_key"),
+    pytest.param("SELECT COUNT(*) FROM adult GROUP BY md5(sex)", "0A000",
+                 "not supported in a row expression", id="function_off_allowlist"),
+    pytest.param("SELECT SUM(age) FROM adult GROUP BY 1", "42803",
+                 "aggregate functions are not allowed in GROUP BY", id="aggregate_key"),
+    pytest.param("SELECT COUNT(*) FROM adult GROUP BY 1 + 1", "0A000",
+                 "a constant groups nothing", id="constant_key"),
+    pytest.param("SELECT COUNT(*) FROM adult GROUP BY sex + 1", "42804", "needs a number",
+                 id="ill_typed_key"),
+    pytest.param("SELECT COUNT(*) FROM adult GROUP BY nosuch / 2", "42703", "nosuch",
+                 id="unknown_column_in_key"),
+    pytest.param("SELECT COUNT(*) FROM visits GROUP BY day + amount", "0A000",
+                 "constant whole number of days", id="date_plus_column"),
+    pytest.param("SELECT COUNT(*) FROM visits GROUP BY date_trunc('fortnight', day)", "22023",
+                 "FORTNIGHT", id="date_trunc_bad_unit"),
+])
+def test_rejected_expression_keys(engine: Engine, sql: str, sqlstate: str, message: str
+                                  ) -> None:
+    session = engine.session("alice")
+    before = session.remaining()
+    with pytest.raises(errors.Error) as caught:
+        session.execute(sql)
+    assert caught.value.sqlstate == sqlstate, str(caught.value)
+    assert message in caught.value.message
+    assert session.remaining() == before
+    assert engine.ledger.history() == []
+
+
+@pytest.mark.parametrize("key", ["CAST(high_income AS TEXT)", "NOT high_income",
+                                 "CASE WHEN age > 30 THEN high_income END"])
+def test_local_dp_column_in_key_is_rejected(make_policy: Any, key: str) -> None:
+    """Local-DP reports are never read raw, in a key expression neither (analysis only)."""
+    text = (Path(__file__).parent.parent / "policies" / "survey.toml").read_text()
+    policy = load_policy(make_policy(text=text))
+    ast = parse_statements(f"SELECT COUNT(*) FROM survey GROUP BY {key}")[0].ast
+    assert ast is not None
+    with pytest.raises(errors.PrivacyViolation) as caught:
+        analyze(ast, policy, policy.analyst("alice"))
+    assert "high_income" in caught.value.message and "GROUP BY" in caught.value.message
+
+
+# -- 4. plans without data: types, values, EXPLAIN ------------------------------------------------
+
+def _plan(policy: Policy, sql: str) -> QueryPlan:
+    ast = parse_statements(sql)[0].ast
+    assert ast is not None
+    analysis = analyze(ast, policy, policy.analyst("alice"))
+    assert isinstance(analysis, Analysis)
+    return plan_query(analysis, QueryOptions(1.0, 1e-6, "laplace"))
+
+
+@pytest.fixture
+def policy(make_policy: Any) -> Policy:
+    return load_policy(make_policy(replace=RANGES))
+
+
+def test_plain_column_with_public_range_is_public(policy: Policy) -> None:
+    plan = _plan(policy, "SELECT age, COUNT(*) FROM adult GROUP BY age")
+    (key,) = plan.analysis.keys
+    assert key.values == tuple(range(17, 91))
+    assert plan.selection is None
+    # a unit is in one group whatever the key set: sensitivity stays 1
+    assert plan.measurements[0].sensitivity == 1
+
+
+def test_expression_key_metadata(policy: Policy) -> None:
+    plan = _plan(policy, "SELECT age / 10 * 10, LOWER(sex), COUNT(*) FROM adult "
+                         "GROUP BY 1, LOWER(sex)")
+    decade, lowered = plan.analysis.keys
+    assert (decade.name, decade.column.type, decade.source) == ("age / 10 * 10", "int", "age")
+    assert (decade.column.lower, decade.column.upper) == (10, 90)
+    assert (lowered.name, lowered.column.type, lowered.values) == \
+        ("LOWER(sex)", "text", ("female", "male"))
+    assert plan.analysis.group_count == 18
+    assert plan.analysis.output_types == ("int8", "text", "int8")
+
+
+def test_multi_column_key_is_private(policy: Policy) -> None:
+    plan = _plan(policy, "SELECT sex || income AS si, COUNT(*) FROM adult GROUP BY si")
+    (key,) = plan.analysis.keys
+    assert key.values is None and plan.selection is not None
+
+
+def test_explain_shows_derived_bounds_and_key_source(engine: Engine) -> None:
+    session = engine.session("alice")
+    text = "\n".join(r[0] for r in session.execute(
+        "EXPLAIN SELECT age / 10 * 10, SUM(hours_per_week * 52), "
+        "AVG(CASE WHEN sex = 'Female' THEN capital_gain END), "
+        "SUM(LEAST(GREATEST(ABS(age - 40), 5), 30)) FROM adult GROUP BY 1").rows)
+    assert "age / 10 * 10 (9 public values, the image of the public values of age)" in text
+    assert "SUM(hours_per_week * 52) from m0; argument bounds [52, 5148]" in text
+    assert "argument bounds [0, 99999]" in text
+    assert "argument bounds [5, 30]" in text
+    assert "IN (10, 20, 30, 40, 50, 60, 70, 80, 90)" in text  # the public key filter
+    assert session.remaining().epsilon == 1e9
+
+
+# -- 5. a unit with 50 rows moves an expression-keyed COUNT by at most its bound --------------
+
+SMALL = """
+database = "small"
+
+[backend]
+kind = "duckdb"
+path = "small.duckdb"
+
+[ledger]
+path = "small.ledger.sqlite"
+
+[audit]
+path = "small.audit.jsonl"
+
+[tables.t]
+privacy_unit = "uid"
+max_rows_per_unit = 3
+max_groups_per_unit = 2
+
+[tables.t.columns]
+uid = { type = "int", nullable = false }
+v = { type = "int", lower = 0, upper = 60, public_range = { step = 1 } }
+x = { type = "float", lower = 0, upper = 100 }
+
+[analysts.bob]
+budget = { epsilon = 1e9, delta = 0.5 }
+tables = ["t"]
+"""
+
+
+@pytest.fixture
+def small(tmp_path: Path, make_policy: Any) -> tuple[Policy, Callable[..., list[Any]]]:
+    """Unit 0 has 50 rows, v = 0..49 (bins v / 20: 0, 1, 2), x = row number; units 1..200
+    one row each."""
+    path = tmp_path / "small.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE t (uid INTEGER NOT NULL, v INTEGER, x DOUBLE)")
+    con.executemany("INSERT INTO t VALUES (?, ?, ?)",
+                    [(0, j, float(j)) for j in range(50)]
+                    + [(i, i % 61, float(i % 101)) for i in range(1, 201)])
+    con.close()
+    policy = load_policy(make_policy(text=SMALL.replace('path = "small.duckdb"',
+                                                        f'path = "{path.as_posix()}"')))
+    reader = duckdb.connect(str(path), read_only=True)
+
+    def run(sql: str, params: Any = ()) -> list[Any]:
+        return [tuple(r) for r in reader.execute(sql, list(params)).fetchall()]
+    return policy, run
+
+
+@pytest.mark.parametrize("key", ["v / 20", "FLOOR(x / 20)"])
+def test_heavy_unit_moves_expression_keyed_count_by_its_bound(
+        small: tuple[Policy, Callable[..., list[Any]]], key: str) -> None:
+    """Public bins (v / 20, enumerated from v's range) and private ones (FLOOR(x / 20),
+    partition selection): either way the rewritten statement keeps at most 3 of unit 0's rows
+    in each of at most 2 bins, so COUNT moves by at most 6, the plan's L1 sensitivity — and
+    exactly 6 here, since unit 0 has ≥ 3 rows in each of 3 bins."""
+    policy, run = small
+    ast = parse_statements(f"SELECT {key}, COUNT(*), SUM(x) FROM t GROUP BY 1")[0].ast
+    assert ast is not None
+    analysis = analyze(ast, policy, policy.analyst("bob"))
+    assert isinstance(analysis, Analysis)
+    plan = plan_query(analysis, QueryOptions(1.0, 1e-6, "laplace"))
+    assert plan.measurements[0].sensitivity == 6
+    assert plan.measurements[1].sensitivity == 600
+    public = key == "v / 20"
+    assert (plan.selection is None) == public
+    if public:
+        assert analysis.keys[0].values == (0, 1, 2, 3)
+    rewritten = rewrite(plan, "duckdb")
+    total = key.replace("v / 20", "v // 20")
+    without = {r[0]: r[1:] for r in run(
+        f"SELECT {total}, COUNT(*), SUM(LEAST(GREATEST(x, 0), 100)) FROM t WHERE uid <> 0 "
+        "GROUP BY 1")}
+    for _ in range(10):
+        got = {r[0]: r[1:] for r in run(rewritten.sql, rewritten.parameters())}
+        counts = {k: got[k][0] - without.get(k, (0, 0))[0] for k in got}
+        sums = {k: got[k][1] - without.get(k, (0, 0))[1] for k in got}
+        assert sum(abs(c) for c in counts.values()) == 6
+        assert sum(1 for c in counts.values() if c) == 2
+        assert all(0 <= c <= 3 for c in counts.values())
+        assert sum(abs(s) for s in sums.values()) <= 600
+
+
+# -- 6. policy: public_range ----------------------------------------------------------------------
+
+@pytest.mark.parametrize(("column", "problem"), [
+    ('{ type = "int", public_range = { step = 1 } }', "declare lower and upper"),
+    ('{ type = "int", lower = 0, upper = 10, public_range = { step = 0 } }', "step: must be >"),
+    ('{ type = "int", lower = 0, upper = 10, public_range = { step = 0.5 } }', "whole step"),
+    ('{ type = "int", lower = 0, upper = 1e9, public_range = { step = 1 } }', "at most 100,000"),
+    ('{ type = "int", lower = 0, upper = 9, public_range = { stride = 1 } }', "stride"),
+    ('{ type = "text", public_range = { step = 1 } }', "not text"),
+    ('{ type = "date", public_range = { first = "2024-01-01" } }', "last: required"),
+    ('{ type = "date", public_range = { first = "2024-13-01", last = "2024-12-31" } }',
+     "first: '2024-13-01' is not a date"),
+    ('{ type = "date", public_range = { first = "2024-02-01", last = "2024-01-01" } }',
+     "must not be after"),
+    ('{ type = "date", public_range = { first = "2024-01-01", last = "2024-02-01", '
+     'step = 0 } }', "step: must be a whole number of days"),
+    ('{ type = "text", public_values = ["a"], public_range = { step = 1 } }',
+     "public_range"),
+])
+def test_public_range_validation(make_policy: Any, column: str, problem: str) -> None:
+    path = make_policy(replace={'amount = { type = "float", lower = 0, upper = 500, '
+                                'nullable = false }': f"amount = {column}"})
+    with pytest.raises(errors.InvalidPolicy) as caught:
+        load_policy(path)
+    assert "tables.visits.columns.amount.public_range" in str(caught.value)
+    assert problem in str(caught.value)
+
+
+def test_public_range_values(make_policy: Any) -> None:
+    path = make_policy(replace={
+        'amount = { type = "float", lower = 0, upper = 500, nullable = false }':
+        'amount = { type = "float", lower = 0, upper = 1, public_range = { step = 0.25 } }',
+        'day = { type = "date", nullable = false }':
+        "day = { type = \"date\", public_range = { first = 2024-01-30, last = 2024-03-01, "
+        "step = 15 } }"})
+    columns = load_policy(path).tables["visits"].columns
+    assert columns["amount"].public_domain == (0.0, 0.25, 0.5, 0.75, 1.0)
+    assert columns["day"].public_domain == ("2024-01-30", "2024-02-14", "2024-02-29")
+
+
+def test_doctests() -> None:
+    import dpproxy.analyze.expressions
+    import dpproxy.analyze.keys
+    import dpproxy.policy
+    import dpproxy.rewrite
+
+    for module in (dpproxy.analyze.keys, dpproxy.policy, dpproxy.analyze.expressions,
+                   dpproxy.rewrite):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0
+
+
+def test_key_expression_sql_is_total_on_both_dialects(policy: Policy) -> None:
+    plan = _plan(policy, "SELECT age / 10 * 10, COUNT(*) FROM adult GROUP BY 1")
+    duck = rewrite(plan, "duckdb").sql
+    pg = rewrite(plan, "postgres").sql
+    assert "NULLIF(10, 0)" in duck and "NULLIF(CAST(10 AS DECIMAL), 0)" in pg
+    assert isinstance(plan.analysis.keys[0].expression, exp.Mul)

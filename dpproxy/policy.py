@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
+import functools
 import hashlib
 import json
 import math
@@ -103,15 +104,21 @@ class PublicRange:
         return int(span // Decimal(str(self.step))) + 1
 
     def values(self) -> tuple[Any, ...]:
-        if isinstance(self.first, str):
-            start = dt.date.fromisoformat(self.first)
-            return tuple((start + dt.timedelta(days=i * int(self.step))).isoformat()
-                         for i in range(self.count()))
-        if all(float(v).is_integer() for v in (self.first, self.step)) \
-                and isinstance(self.first, int):
-            return tuple(int(self.first) + i * int(self.step) for i in range(self.count()))
-        first, step = Decimal(str(self.first)), Decimal(str(self.step))
-        return tuple(float(first + i * step) for i in range(self.count()))
+        return _grid(self)
+
+
+@functools.lru_cache(maxsize=64)
+def _grid(grid: PublicRange) -> tuple[Any, ...]:
+    """PublicRange.values, computed once per range (GROUP BY reads it on every query)."""
+    if isinstance(grid.first, str):
+        start = dt.date.fromisoformat(grid.first)
+        return tuple((start + dt.timedelta(days=i * int(grid.step))).isoformat()
+                     for i in range(grid.count()))
+    if isinstance(grid.first, int) and float(grid.step).is_integer():
+        return tuple(grid.first + i * int(grid.step) for i in range(grid.count()))
+    # Decimal: 0.1-steps must not drift (0.30000000000000004)
+    first, step = Decimal(str(grid.first)), Decimal(str(grid.step))
+    return tuple(float(first + i * step) for i in range(grid.count()))
 
 
 @dataclass(frozen=True)

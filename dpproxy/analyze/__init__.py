@@ -338,7 +338,8 @@ def _expression_key(node: exp.Expression, table: TablePolicy, resolve: Resolver)
     name = expression.sql("postgres")
     values = None
     source = None
-    if len(columns) == 1 and enumerable(expression, typed):
+    if len(columns) == 1 and enumerable(expression,
+                                        lambda n: type_row_expression(n, resolve)):
         (column,) = columns.values()
         if column.public_domain is not None:
             values = key_values(expression, column, column_type, table)

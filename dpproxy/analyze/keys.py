@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections.abc import Callable
 from decimal import Decimal
+from functools import lru_cache
 from typing import Any
 
 import duckdb
@@ -69,16 +71,31 @@ def normalize_key(value: Any, column_type: str) -> Any:
     return value
 
 
-def enumerable(expression: exp.Expression, t: ExprType) -> bool:
-    """Whether both backends compute the same key values as the enumeration: whole numbers
-    built from whole-number constants (DuckDB's DOUBLE and PostgreSQL's NUMERIC agree on
-    them exactly), text, dates and booleans. `age / 4.0` could round differently."""
-    if t.kind != "num":
-        return True
-    if not t.integer:
+def enumerable(expression: exp.Expression, typer: Callable[[exp.Expression], ExprType]
+               ) -> bool:
+    """Whether both backends compute exactly the key values the enumeration does.
+
+    DuckDB computes numbers in DOUBLE, PostgreSQL in NUMERIC: they agree on whole numbers
+    built from whole-number constants, not on `age / 4.0` (or its text, 4.25 vs
+    4.2500000000000000), so such keys go through partition selection instead.
+
+    >>> from sqlglot import parse_one
+    >>> from dpproxy.policy import ColumnPolicy
+    >>> cols = {"age": ColumnPolicy("age", "int", 17, 90)}
+    >>> from dpproxy.analyze.expressions import type_row_expression as typed
+    >>> [enumerable(parse_one(q, read="postgres"), lambda n: typed(n, cols))
+    ...  for q in ("age / 10 * 10", "age / 4.0", "CAST(age * 1.5 AS TEXT)", "age > 40.5")]
+    [True, False, False, False]
+    """
+    t = typer(expression)
+    if t.kind == "num" and not t.integer:
         return False
     for literal in expression.find_all(exp.Literal):
         if not literal.is_string and not _whole(literal.this):
+            return False
+    for cast in expression.find_all(exp.Cast, exp.TryCast):
+        source = typer(cast.this)
+        if source.kind == "num" and not source.integer:
             return False
     return True
 
@@ -101,12 +118,18 @@ def key_values(expression: exp.Expression, column: ColumnPolicy, column_type: st
     assert domain is not None
     single = TablePolicy(table.name, {column.name: column})
     total = make_total(expression, single, "duckdb").sql("duckdb")
-    source_type = _DUCKDB_TYPES[column.type]
+    return _image(total, column.name, column.type, domain, column_type)
+
+
+@lru_cache(maxsize=256)
+def _image(total: str, name: str, source_type: str, domain: tuple[Any, ...],
+           column_type: str) -> tuple[Any, ...]:
+    # the same query repeats (dashboards): a repeated enumeration costs a dict lookup
     con = duckdb.connect(":memory:")
     try:
         rows = con.execute(
-            f"SELECT {total} FROM (SELECT CAST(UNNEST($1) AS {source_type}) AS "
-            f"{exp.to_identifier(column.name, quoted=True).sql('duckdb')}, "
+            f"SELECT {total} FROM (SELECT CAST(UNNEST($1) AS {_DUCKDB_TYPES[source_type]}) "
+            f"AS {exp.to_identifier(name, quoted=True).sql('duckdb')}, "
             "generate_subscripts($1, 1) AS __i) ORDER BY __i",
             [list(domain)]).fetchall()
     finally:

@@ -232,6 +232,15 @@ def test_date_trunc_without_public_range_passes_selection(make_policy: Any) -> N
         assert tuple(r[0] for r in result.rows) == MONTHS  # every month has thousands
 
 
+def test_date_trunc_century_is_not_enumerated(policy: Policy) -> None:
+    """DuckDB truncates 2024 to the century 2000-01-01, PostgreSQL to 2001-01-01: keys
+    enumerated with one would miss the other's groups, so these keys are private."""
+    plan = _plan(policy, "SELECT date_trunc('century', day), COUNT(*) FROM visits GROUP BY 1")
+    assert plan.analysis.keys[0].values is None and plan.selection is not None
+    plan = _plan(policy, "SELECT date_trunc('decade', day), COUNT(*) FROM visits GROUP BY 1")
+    assert plan.analysis.keys[0].values == ("2020-01-01",)
+
+
 def test_non_integer_numeric_key_is_not_enumerated(engine: Engine) -> None:
     """age / 4.0 could round differently in DOUBLE and NUMERIC: partition selection."""
     session = engine.session("alice", epsilon=EPS)

@@ -33,6 +33,8 @@ from sqlglot import exp
 from ..policy import ColumnPolicy, ColumnType, TablePolicy
 from .expressions import ExprType
 
+# DuckDB starts centuries and millennia at year 2000, PostgreSQL at 2001.
+_TRUNC_UNITS_THAT_DIFFER = ("century", "millennium")
 _DUCKDB_TYPES = {"int": "BIGINT", "float": "DOUBLE", "text": "VARCHAR", "date": "DATE",
                  "bool": "BOOLEAN"}
 
@@ -86,6 +88,9 @@ def enumerable(expression: exp.Expression, typer: Callable[[exp.Expression], Exp
     >>> [enumerable(parse_one(q, read="postgres"), lambda n: typed(n, cols))
     ...  for q in ("age / 10 * 10", "age / 4.0", "CAST(age * 1.5 AS TEXT)", "age > 40.5")]
     [True, False, False, False]
+
+    DATE_TRUNC to a century or millennium differs between the two (DuckDB starts them at
+    2000, PostgreSQL at 2001): also not enumerated.
     """
     t = typer(expression)
     if t.kind == "num" and not t.integer:
@@ -96,6 +101,10 @@ def enumerable(expression: exp.Expression, typer: Callable[[exp.Expression], Exp
     for cast in expression.find_all(exp.Cast, exp.TryCast):
         source = typer(cast.this)
         if source.kind == "num" and not source.integer:
+            return False
+    for trunc in expression.find_all(exp.DateTrunc, exp.TimestampTrunc):
+        unit = trunc.args.get("unit")
+        if unit is not None and unit.name.lower() in _TRUNC_UNITS_THAT_DIFFER:
             return False
     return True
 

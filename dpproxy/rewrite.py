@@ -207,8 +207,10 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
         inner_items.append(exp.alias_(column.copy(), name))
         key_refs.append(exp.column(name))
         if key.values is not None:
-            # keys outside the public list are dropped before bounding, so they use no slot
-            filters.append(exp.In(this=column.copy(),
+            # keys outside the public list are dropped before bounding, so they use no slot;
+            # parentheses: `x LIKE 'S%' IN (…)` would not parse
+            filters.append(exp.In(this=column.copy() if key.expression is None
+                                  else exp.Paren(this=column.copy()),
                                   expressions=[_key_literal(v, key.column) for v in key.values])
                            if key.values else exp.false())
 

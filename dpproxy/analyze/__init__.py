@@ -342,8 +342,10 @@ def _expression_key(node: exp.Expression, table: TablePolicy, resolve: Resolver)
                                         lambda n: type_row_expression(n, resolve)):
         (column,) = columns.values()
         if column.public_domain is not None:
-            values = key_values(expression, column, column_type, table)
-            source = column.name
+            # an empty image (NULL for every public value) would release no group at all:
+            # leave such a key to partition selection, as a private one
+            values = key_values(expression, column, column_type, table) or None
+            source = column.name if values is not None else None
     described = ColumnPolicy(
         name, column_type,
         typed.lower if typed.kind == "num" and typed.bounded else None,

@@ -117,9 +117,10 @@ def _whole(text: str) -> bool:
 
 
 def key_values(expression: exp.Expression, column: ColumnPolicy, column_type: str,
-               table: TablePolicy) -> tuple[Any, ...]:
+               table: TablePolicy) -> tuple[Any, ...] | None:
     """The distinct non-NULL values of `expression` over the column's public values, in
-    the order of the first public value yielding each (data-independent)."""
+    the order of the first public value yielding each (data-independent); None when DuckDB
+    cannot evaluate it on them (the key is then treated as private)."""
     # imported here: the rewrite imports the analyzer
     from ..rewrite import make_total
 
@@ -127,7 +128,11 @@ def key_values(expression: exp.Expression, column: ColumnPolicy, column_type: st
     assert domain is not None
     single = TablePolicy(table.name, {column.name: column})
     total = make_total(expression, single, "duckdb").sql("duckdb")
-    return _image(total, column.name, column.type, domain, column_type)
+    try:
+        return _image(total, column.name, column.type, domain, column_type)
+    except duckdb.Error:
+        # depends on public values only, so nothing leaks; partition selection still works
+        return None
 
 
 @lru_cache(maxsize=256)

@@ -9,6 +9,7 @@ so no test here fails by bad luck with any noticeable probability.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import doctest
 import math
@@ -512,34 +513,65 @@ tables = ["t"]
 """
 
 
+SMALL_ROWS = [(0, j, float(j)) for j in range(50)] \
+    + [(i, i % 61, float(i % 101)) for i in range(1, 201)]
+
+
 @pytest.fixture
-def small(tmp_path: Path, make_policy: Any) -> tuple[Policy, Callable[..., list[Any]]]:
+def small(tmp_path: Path, make_policy: Any, backend_kind: str, request: pytest.FixtureRequest
+          ) -> Iterator[tuple[Policy, Callable[..., list[Any]], Callable[..., list[Any]]]]:
     """Unit 0 has 50 rows, v = 0..49 (bins v / 20: 0, 1, 2), x = row number; units 1..200
-    one row each."""
+    one row each. Yields the policy, a function running the rewritten statement on the
+    backend, and one running plain SQL on the same data in DuckDB (the neighbour's truth)."""
     path = tmp_path / "small.duckdb"
     con = duckdb.connect(str(path))
     con.execute("CREATE TABLE t (uid INTEGER NOT NULL, v INTEGER, x DOUBLE)")
-    con.executemany("INSERT INTO t VALUES (?, ?, ?)",
-                    [(0, j, float(j)) for j in range(50)]
-                    + [(i, i % 61, float(i % 101)) for i in range(1, 201)])
+    con.executemany("INSERT INTO t VALUES (?, ?, ?)", SMALL_ROWS)
     con.close()
     policy = load_policy(make_policy(text=SMALL.replace('path = "small.duckdb"',
                                                         f'path = "{path.as_posix()}"')))
     reader = duckdb.connect(str(path), read_only=True)
 
-    def run(sql: str, params: Any = ()) -> list[Any]:
-        return [tuple(r) for r in reader.execute(sql, list(params)).fetchall()]
-    return policy, run
+    def truth(sql: str) -> list[Any]:
+        return [tuple(r) for r in reader.execute(sql).fetchall()]
+
+    with contextlib.ExitStack() as stack:
+        if backend_kind == "postgres":
+            import psycopg
+
+            from dpproxy.backends.postgres import PostgresBackend
+            from tests.pg import scratch_database
+
+            dsn = stack.enter_context(scratch_database(request.getfixturevalue("pg_dsn")))
+            with psycopg.connect(dsn) as pg, pg.cursor() as cur:
+                cur.execute("CREATE TABLE t (uid INTEGER NOT NULL, v INTEGER, "
+                            "x DOUBLE PRECISION)")
+                cur.executemany("INSERT INTO t VALUES (%s, %s, %s)", SMALL_ROWS)
+            backend = PostgresBackend(dsn, ["t"])
+            stack.callback(backend.close)
+
+            def run(plan: QueryPlan) -> list[Any]:
+                rewritten = rewrite(plan, "postgres")
+                return [tuple(float(v) if v is not None else None for v in r)
+                        for r in backend.run_aggregate(rewritten.sql, rewritten.parameters())]
+        else:
+            def run(plan: QueryPlan) -> list[Any]:
+                rewritten = rewrite(plan, "duckdb")
+                return [tuple(r) for r in reader.execute(rewritten.sql,
+                                                         list(rewritten.parameters())).fetchall()]
+        yield policy, run, truth
+    reader.close()
 
 
 @pytest.mark.parametrize("key", ["v / 20", "FLOOR(x / 20)"])
 def test_heavy_unit_moves_expression_keyed_count_by_its_bound(
-        small: tuple[Policy, Callable[..., list[Any]]], key: str) -> None:
+        small: tuple[Policy, Callable[..., list[Any]], Callable[..., list[Any]]], key: str
+        ) -> None:
     """Public bins (v / 20, enumerated from v's range) and private ones (FLOOR(x / 20),
     partition selection): either way the rewritten statement keeps at most 3 of unit 0's rows
     in each of at most 2 bins, so COUNT moves by at most 6, the plan's L1 sensitivity — and
-    exactly 6 here, since unit 0 has ≥ 3 rows in each of 3 bins."""
-    policy, run = small
+    exactly 6 here, since unit 0 has ≥ 3 rows in each of 3 bins; SUM(x) by at most 600."""
+    policy, run, truth = small
     ast = parse_statements(f"SELECT {key}, COUNT(*), SUM(x) FROM t GROUP BY 1")[0].ast
     assert ast is not None
     analysis = analyze(ast, policy, policy.analyst("bob"))
@@ -551,19 +583,18 @@ def test_heavy_unit_moves_expression_keyed_count_by_its_bound(
     assert (plan.selection is None) == public
     if public:
         assert analysis.keys[0].values == (0, 1, 2, 3)
-    rewritten = rewrite(plan, "duckdb")
-    total = key.replace("v / 20", "v // 20")
-    without = {r[0]: r[1:] for r in run(
-        f"SELECT {total}, COUNT(*), SUM(LEAST(GREATEST(x, 0), 100)) FROM t WHERE uid <> 0 "
-        "GROUP BY 1")}
+    exact_key = key.replace("v / 20", "v // 20")
+    without = {r[0]: r[1:] for r in truth(
+        f"SELECT {exact_key}, COUNT(*), SUM(LEAST(GREATEST(x, 0), 100)) FROM t "
+        "WHERE uid <> 0 GROUP BY 1")}
     for _ in range(10):
-        got = {r[0]: r[1:] for r in run(rewritten.sql, rewritten.parameters())}
+        got = {r[0]: r[1:3] for r in run(plan)}
         counts = {k: got[k][0] - without.get(k, (0, 0))[0] for k in got}
         sums = {k: got[k][1] - without.get(k, (0, 0))[1] for k in got}
         assert sum(abs(c) for c in counts.values()) == 6
         assert sum(1 for c in counts.values() if c) == 2
         assert all(0 <= c <= 3 for c in counts.values())
-        assert sum(abs(s) for s in sums.values()) <= 600
+        assert sum(abs(s) for s in sums.values()) <= 600 + 1e-9
 
 
 # -- 6. policy: public_range ----------------------------------------------------------------------

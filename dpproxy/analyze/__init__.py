@@ -163,9 +163,11 @@ _UNSUPPORTED_CLAUSES = {
     "prewhere": ("PREWHERE", "use WHERE"),
 }
 _MAX_GROUPS = 100_000
-# Largest |bound| of a summed value. Beyond it DOUBLE sums of clamped values lose whole units
-# (2^53 ≈ 9e15), so the sensitivity the noise assumes would no longer be exact, and the
-# noise would drown any answer anyway: the analyst is asked to clamp explicitly.
+# Largest |bound| of a summed value. Below it each clamped value is exact in DOUBLE (whole
+# numbers up to 2^53 ≈ 9e15: the whole-number noise grid relies on it) and no sum can come
+# near DOUBLE's overflow, which would change a sum by more than any sensitivity depending
+# on the data. The noise at such bounds drowns any answer anyway: the analyst is asked to
+# clamp explicitly.
 MAX_VALUE_BOUND = 1e15
 
 

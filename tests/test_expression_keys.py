@@ -674,3 +674,29 @@ def test_dbapi_describes_expression_keys(make_policy: Any) -> None:
         assert cur.description is not None
         assert cur.description[0][1] == dpproxy.DATETIME
         assert [row[0] for row in cur.fetchall()] == list(MONTHS)
+
+
+KEY_EXPRESSIONS = [
+    "LOWER(sex)", "UPPER(sex)", "TRIM(sex)", "TRIM(LEADING 'x' FROM sex)", "SUBSTRING(sex, 1, 2)",
+    "LENGTH(sex)", "ABS(age)", "ROUND(age / 3.0)", "LEAST(age, 3)", "GREATEST(age, 3)",
+    "NULLIF(age, 3)", "COALESCE(age, 3)", "date_trunc('month', day)",
+    "EXTRACT(month FROM day)", "CASE WHEN age > 3 THEN 1 END", "CAST(age AS TEXT)",
+    "CAST(age / 2 AS INT)", "sex || 'x'", "FLOOR(age / 5) * 5", "CEIL(age / 5.0)",
+    "age BETWEEN 1 AND 2", "day + 7", "age % 7", "-age",
+]
+
+
+def test_output_names_match_postgresql(pg_dsn: str) -> None:
+    """Each key expression's output column is named as PostgreSQL itself names it."""
+    import psycopg
+    from sqlglot import parse_one
+
+    from dpproxy.postprocess import output_name
+
+    with psycopg.connect(pg_dsn) as pg:
+        pg.execute("CREATE TEMP TABLE t (age int, sex text, day date)")
+        for expression in KEY_EXPRESSIONS:
+            cur = pg.execute(f"SELECT {expression} FROM t GROUP BY 1")
+            assert cur.description is not None
+            item = parse_one(f"SELECT {expression} FROM t", read="postgres").expressions[0]
+            assert output_name(item) == cur.description[0].name, expression

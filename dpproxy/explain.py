@@ -28,7 +28,8 @@ def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -
         f"budget left before: ε={remaining.epsilon:.6g}, δ={remaining.delta:.3g}",
     ]
     if analysis.keys and plan.selection is None:
-        keys = ", ".join(f"{k.name} ({len(k.values or ())} public values)"
+        keys = ", ".join(f"{k.name} ({len(k.values or ())} public values"
+                         f"{f', the image of the public values of {k.source}' if k.source else ''})"
                          for k in analysis.keys)
         lines.append(f"Groups: {keys}; {analysis.group_count} group(s) released, zeros included")
     elif analysis.keys:
@@ -70,7 +71,9 @@ def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -
     for agg in analysis.aggregates:
         parts = ", ".join(plan.measurements[i].column for i in agg.statistics)
         lines.append(f"  {agg.sql} from {parts}"
-                     + (f", debiased: {agg.rule.mechanism}" if agg.rule.mechanism else ""))
+                     + (f", debiased: {agg.rule.mechanism}" if agg.rule.mechanism else "")
+                     + (f"; argument bounds [{agg.argument_bounds[0]:g}, "
+                        f"{agg.argument_bounds[1]:g}]" if agg.argument_bounds else ""))
     if rewritten_sql is not None:
         lines.append("Rewritten SQL (a parameter, if any, is a salt drawn afresh per query):")
         lines.append(f"  {rewritten_sql}")

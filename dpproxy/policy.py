@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
+import functools
 import hashlib
 import json
 import math
@@ -19,6 +20,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
@@ -55,10 +57,68 @@ class ColumnPolicy:
     # Collected under local DP: the column holds randomized reports (randomized response: a
     # boolean; unary encoding: a boolean array in domain order). Never read raw.
     ldp: LocalDP | None = None
+    # A public grid of values (`public_range`): GROUP BY the column, or an expression over
+    # it, releases every value the grid yields, zeros included.
+    public_range: PublicRange | None = None
 
     @property
     def bounded(self) -> bool:
         return self.lower is not None and self.upper is not None
+
+    @property
+    def public_domain(self) -> tuple[Any, ...] | None:
+        """The column's public values: `public_values`, else the grid of `public_range`,
+        else None (its values are private)."""
+        if self.public_values is not None:
+            return self.public_values
+        if self.public_range is not None:
+            return self.public_range.values()
+        return None
+
+
+MAX_PUBLIC_RANGE_VALUES = 100_000
+
+
+@dataclass(frozen=True)
+class PublicRange:
+    """`public_range`: the values first, first + step, … up to last are public (numbers;
+    for dates ISO text and a step in days).
+
+    >>> PublicRange(10, 30, 10).values()
+    (10, 20, 30)
+    >>> PublicRange("2024-02-27", "2024-03-01", 1).values()
+    ('2024-02-27', '2024-02-28', '2024-02-29', '2024-03-01')
+    """
+
+    first: float | int | str
+    last: float | int | str
+    step: float | int
+
+    def count(self) -> int:
+        if isinstance(self.first, str):
+            days = (dt.date.fromisoformat(str(self.last))
+                    - dt.date.fromisoformat(self.first)).days
+            return days // int(self.step) + 1
+        # Decimal: 0.1-steps must not drift (0.30000000000000004)
+        span = Decimal(str(self.last)) - Decimal(str(self.first))
+        return int(span // Decimal(str(self.step))) + 1
+
+    def values(self) -> tuple[Any, ...]:
+        return _grid(self)
+
+
+@functools.lru_cache(maxsize=64)
+def _grid(grid: PublicRange) -> tuple[Any, ...]:
+    """PublicRange.values, computed once per range (GROUP BY reads it on every query)."""
+    if isinstance(grid.first, str):
+        start = dt.date.fromisoformat(grid.first)
+        return tuple((start + dt.timedelta(days=i * int(grid.step))).isoformat()
+                     for i in range(grid.count()))
+    if isinstance(grid.first, int) and float(grid.step).is_integer():
+        return tuple(grid.first + i * int(grid.step) for i in range(grid.count()))
+    # Decimal: 0.1-steps must not drift (0.30000000000000004)
+    first, step = Decimal(str(grid.first)), Decimal(str(grid.step))
+    return tuple(float(first + i * step) for i in range(grid.count()))
 
 
 @dataclass(frozen=True)
@@ -267,7 +327,8 @@ def _column(table: _Checker, name: str) -> ColumnPolicy:
     if not isinstance(spec, dict):
         table.fail(name, "expected a table such as { type = \"int\", lower = 0, upper = 100 }")
     col = _Checker(table.file, f"{table.where}.{name}", spec,
-                   {"type", "lower", "upper", "public_values", "nullable", "ldp"})
+                   {"type", "lower", "upper", "public_values", "public_range", "nullable",
+                    "ldp"})
     ctype = col.choice("type", COLUMN_TYPES, "")
     lower, upper = col.number("lower"), col.number("upper")
     if (lower is None) != (upper is None):
@@ -290,13 +351,60 @@ def _column(table: _Checker, name: str) -> ColumnPolicy:
         if not values:
             col.fail("public_values", "must list at least one value")
         public = tuple(values)
+    public_range = _public_range(col, ctype, lower, upper) if "public_range" in spec else None
+    if public_range is not None and public is not None:
+        col.fail("public_range", "give public_values or public_range, not both")
     nullable = col.get("nullable", bool, True)
     ldp = _local_dp(col, ctype) if "ldp" in spec else None
-    if ldp is not None and (lower is not None or public is not None):
+    if ldp is not None and (lower is not None or public is not None
+                             or public_range is not None):
         col.fail("ldp", "a local-DP column holds randomized reports: it has no bounds and no "
-                 "public_values")
+                 "public_values or public_range")
     return ColumnPolicy(name, ctype, lower, upper, public, nullable,  # type: ignore[arg-type]
-                        ldp)
+                        ldp, public_range)
+
+
+def _public_range(col: _Checker, ctype: str, lower: float | None, upper: float | None
+                  ) -> PublicRange:
+    """`public_range = { step = 1 }` on a number column with lower/upper; `{ first =
+    "2024-01-01", last = "2024-12-31", step = 1 }` (step in days, default 1) on a date."""
+    if ctype in ("int", "float"):
+        sub = col.sub("public_range", {"step"})
+        assert sub is not None
+        if lower is None or upper is None:
+            col.fail("public_range", "a number column's public range runs from its lower to "
+                     "its upper bound: declare lower and upper")
+        step = sub.number("step", required=True, low=0.0, low_open=True)
+        assert step is not None and lower is not None and upper is not None
+        if ctype == "int" and not (step.is_integer() and lower.is_integer()):
+            sub.fail("step", "an int column's range needs a whole step and a whole lower bound")
+        first: float | int | str = int(lower) if ctype == "int" else lower
+        grid = PublicRange(first, upper, int(step) if ctype == "int" else step)
+    elif ctype == "date":
+        sub = col.sub("public_range", {"first", "last", "step"})
+        assert sub is not None
+        ends = []
+        for key in ("first", "last"):
+            value = sub.get(key, (str, dt.date), required=True)
+            try:
+                ends.append(value.isoformat() if isinstance(value, dt.date)
+                            else dt.date.fromisoformat(value).isoformat())
+            except ValueError:
+                sub.fail(key, f"{value!r} is not a date (YYYY-MM-DD)")
+        days = sub.get("step", int, 1)
+        if days < 1:
+            sub.fail("step", f"must be a whole number of days >= 1, got {days}")
+        if ends[1] < ends[0]:
+            sub.fail("first", f"first ({ends[0]}) must not be after last ({ends[1]})")
+        grid = PublicRange(ends[0], ends[1], days)
+    else:
+        col.fail("public_range", f"applies to int, float and date columns, not {ctype}; list "
+                 "the values in public_values")
+        raise AssertionError  # fail() raised
+    if grid.count() > MAX_PUBLIC_RANGE_VALUES:
+        col.fail("public_range", f"declares {grid.count():,} values (at most "
+                 f"{MAX_PUBLIC_RANGE_VALUES:,}): use a larger step")
+    return grid
 
 
 def _local_dp(col: _Checker, ctype: str) -> LocalDP:

@@ -18,6 +18,7 @@ from statistics import NormalDist
 
 from .analyze import AggregateCall, Analysis, GroupKey, Output
 from .analyze.aggregates import combine, interval
+from .analyze.keys import normalize_key
 from .mechanisms import NoiseSpec, half_width, release_many
 from .plan import Measurement, QueryPlan
 from .postprocess import Value, evaluate
@@ -66,6 +67,8 @@ class Released:
 
 
 def _normalize_key(value: object, key: GroupKey) -> object:
+    if key.expression is not None:  # DOUBLE or NUMERIC whole numbers, midnight TIMESTAMPs
+        return normalize_key(value, key.column.type)
     if isinstance(value, dt.date):
         return value.isoformat()
     if key.column.type == "float" and value is not None:

@@ -234,13 +234,18 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     key_refs: list[exp.Expression] = []
     filters: list[exp.Expression] = []
     for name, key in zip(key_names, analysis.keys, strict=True):
-        column = exp.column(key.column.name, quoted=True)
+        # an expression key is computed once per row, made total like any row expression
+        column = exp.column(key.column.name, quoted=True) if key.expression is None \
+            else make_total(key.expression, table, dialect)
         inner_items.append(exp.alias_(column.copy(), name))
         key_refs.append(exp.column(name))
         if key.values is not None:
-            # keys outside the public list are dropped before bounding, so they use no slot
-            filters.append(exp.In(this=column.copy(),
-                                  expressions=[_key_literal(v, key.column) for v in key.values]))
+            # keys outside the public list are dropped before bounding, so they use no slot;
+            # parentheses: `x LIKE 'S%' IN (…)` would not parse
+            filters.append(exp.In(this=column.copy() if key.expression is None
+                                  else exp.Paren(this=column.copy()),
+                                  expressions=[_key_literal(v, key.column) for v in key.values])
+                           if key.values else exp.false())
 
     value_names: list[str | None] = []
     for index, measurement in enumerate(plan.measurements):

@@ -81,7 +81,8 @@ def _check(epsilon: float, delta: float, k: int) -> None:
     if not 0 < delta < 1:
         raise InvalidParameterValue(
             "partition selection needs delta > 0: the groups that exist are private",
-            hint="SET dpproxy.delta = 1e-7, or group by columns with public_values")
+            hint="SET dpproxy.delta = 1e-7, or group by columns with public_values or "
+                 "public_range")
     if k < 1:
         raise InvalidParameterValue(f"max_groups_per_unit must be >= 1, got {k}")
 

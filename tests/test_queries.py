@@ -353,6 +353,67 @@ ACCEPTED = [
     Accepted("constant_alias", "SELECT 1 AS one", ("one",), 1, "SELECT 1", charged=False),
     Accepted("constant_expression", "SELECT 2 * 3", ("?column?",), 1, "SELECT 6",
              charged=False),
+    # GROUP BY row expressions (more in test_expression_keys.py) ------------------------------
+    # over a column with public values: the keys are its image, in the order of those values
+    # (ordered: `keys` only says how many leading columns are keys)
+    Accepted("expr_key_lower_public", "SELECT LOWER(sex) AS s, COUNT(*) FROM adult GROUP BY 1",
+             ("s", "count"), 2, "SELECT lower(sex), COUNT(*) FROM adult GROUP BY 1 ORDER BY 1",
+             keys=("sex",), ordered=True),
+    Accepted("expr_key_case_public",
+             "SELECT CASE WHEN income = '>50K' THEN 'high' ELSE 'low' END AS band, COUNT(*) "
+             "FROM adult GROUP BY band", ("band", "count"), 2,
+             "SELECT CASE WHEN income = '>50K' THEN 'high' ELSE 'low' END, COUNT(*) "
+             "FROM adult GROUP BY 1 ORDER BY 1 DESC", keys=("income",), ordered=True),
+    # private keys (age has no public values here): partition selection charges δ; every
+    # decade has at least 45 people, far above the threshold at ε = 500
+    Accepted("expr_key_decade_selection",
+             "SELECT age / 10 * 10, COUNT(*) FROM adult GROUP BY 1", ("?column?", "count"), 9,
+             "SELECT age // 10 * 10, COUNT(*) FROM adult GROUP BY 1 ORDER BY 1",
+             keys=("age",), ordered=True, delta=1e-7),
+    Accepted("expr_key_order_by_expression",
+             "SELECT age / 10 * 10 AS d, COUNT(*) FROM adult GROUP BY age / 10 * 10 "
+             "ORDER BY age / 10 * 10 DESC", ("d", "count"), 9,
+             "SELECT age // 10 * 10, COUNT(*) FROM adult GROUP BY 1 ORDER BY 1 DESC",
+             keys=("age",), ordered=True, delta=1e-7),
+    Accepted("expr_key_having_on_key",
+             "SELECT age / 10 * 10 AS d, COUNT(*) FROM adult GROUP BY d HAVING d < 50",
+             ("d", "count"), 4,
+             "SELECT age // 10 * 10 AS d, COUNT(*) FROM adult GROUP BY 1 HAVING d < 50 "
+             "ORDER BY 1", keys=("age",), ordered=True, delta=1e-7),
+    # hours bins 0..3 (each with thousands of people); Δ = 99999 at ε/2 → b = 200
+    Accepted("expr_key_bins_sum",
+             "SELECT hours_per_week / 25 AS q, SUM(capital_gain) FROM adult GROUP BY q",
+             ("q", "sum"), 4,
+             "SELECT hours_per_week // 25, SUM(capital_gain) FROM adult GROUP BY 1 ORDER BY 1",
+             keys=("hours_per_week",), ordered=True, tol=10_000, delta=1e-7),
+    Accepted("expr_key_extract_month",
+             "SELECT EXTRACT(month FROM day), COUNT(*) FROM visits "
+             "GROUP BY EXTRACT(month FROM day)", ("extract", "count"), 12, table="visits",
+             delta=1e-7),
+    Accepted("expr_key_alias_of_extract",
+             "SELECT EXTRACT(month FROM day) AS m, COUNT(*) FROM visits GROUP BY m",
+             ("m", "count"), 12, table="visits", delta=1e-7),
+    Accepted("expr_key_date_trunc",
+             "SELECT date_trunc('month', day), COUNT(*) FROM visits GROUP BY 1",
+             ("date_trunc", "count"), 12, table="visits", delta=1e-7),
+    # bounds through expressions ---------------------------------------------------------------
+    # Δ = 99,999 centred to 50,000 at ε/2 → b = 100, over 10,764 women → 0.01
+    Accepted("avg_case_female_numeric",
+             "SELECT AVG(CASE WHEN sex = 'Female' THEN capital_gain END) FROM adult", ("avg",),
+             1, "SELECT AVG(CASE WHEN sex = 'Female' THEN capital_gain END) FROM adult",
+             tol=1),
+    Accepted("sum_least_greatest_bounds",
+             "SELECT SUM(LEAST(GREATEST(hours_per_week, 20), 60)) FROM adult", ("sum",), 1,
+             "SELECT SUM(LEAST(GREATEST(hours_per_week, 20), 60)) FROM adult", tol=5),
+    Accepted("sum_coalesce_nullif",
+             "SELECT SUM(COALESCE(NULLIF(education_num, 16), 0)) FROM adult", ("sum",), 1,
+             "SELECT SUM(COALESCE(NULLIF(education_num, 16), 0)) FROM adult", tol=2),
+    Accepted("sum_cast_half", "SELECT SUM(CAST(age AS DOUBLE) / 2) FROM adult", ("sum",), 1,
+             "SELECT SUM(age / 2) FROM adult", tol=3),
+    # the adversarial branch: bounded by the CASE union [0, 1e12], so noise of that size
+    Accepted("sum_case_huge_branch",
+             "SELECT SUM(CASE WHEN person_id = 7 THEN 1e12 ELSE 0 END) FROM adult", ("sum",),
+             1),
 ]
 
 
@@ -633,13 +694,20 @@ REJECTED = [
              "42501", ("privacy unit",), ("COUNT(DISTINCT person_id)",)),
     Rejected("group_by_privacy_unit_position",
              "SELECT person_id, COUNT(*) FROM adult GROUP BY 1", "42501", ("privacy unit",)),
-    Rejected("group_by_expression",
-             "SELECT EXTRACT(month FROM day), COUNT(*) FROM visits "
-             "GROUP BY EXTRACT(month FROM day)", "0A000", ("GROUP BY",)),
-    pytest.param(Rejected("group_by_alias_of_expression",
-                          "SELECT EXTRACT(month FROM day) AS m, COUNT(*) FROM visits "
-                          "GROUP BY m", "0A000", ("GROUP BY",)),
-                 id="group_by_alias_of_expression"),
+    Rejected("group_by_unit_expression", "SELECT COUNT(*) FROM adult GROUP BY person_id / 100",
+             "42501", ("privacy unit person_id",), ("COUNT(DISTINCT person_id)",)),
+    Rejected("group_by_expression_column_not_key",
+             "SELECT age, COUNT(*) FROM adult GROUP BY age / 10", "42501", ("age",)),
+    Rejected("group_by_aggregate", "SELECT SUM(age) FROM adult GROUP BY 1", "42803",
+             ("GROUP BY",)),
+    Rejected("group_by_volatile", "SELECT COUNT(*) FROM adult GROUP BY random()", "0A000",
+             (), HELP_FUNCTIONS),
+    Rejected("group_by_constant", "SELECT COUNT(*) FROM adult GROUP BY 1 + 1", "0A000",
+             ("constant",)),
+    Rejected("group_by_string_literal", "SELECT COUNT(*) FROM adult GROUP BY 'a'", "0A000"),
+    Rejected("sum_bound_above_cap",
+             "SELECT SUM(CASE WHEN person_id = 7 THEN 1e16 ELSE 0 END) FROM adult", "0A000",
+             ("1e+15",), ("LEAST(GREATEST(",)),
     # names and grants
     Rejected("unknown_table", "SELECT COUNT(*) FROM nosuch", "42P01", ("nosuch",),
              ("adult",)),

@@ -5,8 +5,10 @@ The passes run in this order, each small and named after what it checks:
 1. `_check_shape`      only SELECT … FROM one table [WHERE] [GROUP BY] [HAVING] [ORDER BY] [LIMIT]
 2. `_resolve_table`    the table exists, is granted, and is private (public tables: later)
 3. `_check_where`      the row predicate is an allowlisted, deterministic boolean expression
-4. `_resolve_keys`     GROUP BY keys are columns, never the privacy unit (keys without public
-                       values go through partition selection)
+4. `_resolve_keys`     GROUP BY keys are columns or allowlisted row expressions, never over the
+                       privacy unit; keys without public values (a column's `public_values`
+                       or `public_range`, or an expression's image of them) go through
+                       partition selection
 5. `_collect_aggregates` every aggregate is in the rule table and its argument is bounded;
                        local-DP columns are read only through their rules (`ldp.py`)
 6. `_resolve_outputs`  outputs, HAVING and ORDER BY only post-process aggregates and keys
@@ -25,6 +27,7 @@ from sqlglot import exp
 
 from ..errors import (
     DatatypeMismatch,
+    Error,
     GroupingError,
     InvalidParameterValue,
     NotSupportedError,
@@ -48,6 +51,7 @@ from .expressions import (
     make_resolver,
     type_row_expression,
 )
+from .keys import enumerable, key_type, key_values
 from .ldp import local_aggregate, raw_read_error, reject_raw_local
 
 __all__ = ["AggregateCall", "Analysis", "ConstantQuery", "GroupKey", "OrderItem", "Output",
@@ -56,11 +60,16 @@ __all__ = ["AggregateCall", "Analysis", "ConstantQuery", "GroupKey", "OrderItem"
 
 @dataclass(frozen=True)
 class GroupKey:
-    name: str
+    name: str  # the column's name, or the expression's canonical SQL
+    # The column; for an expression key, a column describing its values (type, bounds)
     column: ColumnPolicy
     # The public values: every one is released, zeros included. None: the key's values are
     # private, and groups pass partition selection.
     values: tuple[object, ...] | None
+    # A row expression key (`age / 10 * 10`), literals typed; None for a plain column
+    expression: exp.Expression | None = None
+    # For an expression key with public values: the column they were enumerated from
+    source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,8 @@ class AggregateCall:
     sql: str  # canonical SQL of the aggregate as written; outputs refer to it by this text
     rule: AggregateRule
     statistics: tuple[int, ...]  # indexes into Analysis.statistics
+    # The bounds derived for the row-expression argument (EXPLAIN shows them), if bounded
+    argument_bounds: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -155,6 +166,12 @@ _UNSUPPORTED_CLAUSES = {
     "prewhere": ("PREWHERE", "use WHERE"),
 }
 _MAX_GROUPS = 100_000
+# Largest |bound| of a summed value. Below it each clamped value is exact in DOUBLE (whole
+# numbers up to 2^53 ≈ 9e15: the whole-number noise grid relies on it) and no sum can come
+# near DOUBLE's overflow, which would change a sum by more than any sensitivity depending
+# on the data. The noise at such bounds drowns any answer anyway: the analyst is asked to
+# clamp explicitly.
+MAX_VALUE_BOUND = 1e15
 
 
 def analyze(select: exp.Expression, policy: Policy, analyst: AnalystPolicy
@@ -321,10 +338,13 @@ def _resolve_keys(select: exp.Select, table: TablePolicy, resolve: Resolver
     keys: list[GroupKey] = []
     for item in group.expressions:
         node = _dereference(item, select.expressions, table)
+        while isinstance(node, exp.Paren):
+            node = node.this
         if not isinstance(node, exp.Column):
-            raise NotSupportedError(
-                f"GROUP BY {node.sql('postgres')} is not supported",
-                hint="group by columns whose values the policy declares public")
+            key = _expression_key(node, table, resolve)
+            if all(k.name != key.name for k in keys):
+                keys.append(key)
+            continue
         column = resolve(node)
         if column.ldp is not None:
             raise raw_read_error(column, "GROUP BY")
@@ -334,7 +354,7 @@ def _resolve_keys(select: exp.Select, table: TablePolicy, resolve: Resolver
                 hint=f"count units instead: COUNT(DISTINCT {column.name})")
         if any(k.name == column.name for k in keys):
             continue
-        keys.append(GroupKey(column.name, column, column.public_values))
+        keys.append(GroupKey(column.name, column, column.public_domain))
     count = 1
     for key in keys:
         count *= len(key.values) if key.values is not None else 1
@@ -342,6 +362,86 @@ def _resolve_keys(select: exp.Select, table: TablePolicy, resolve: Resolver
         raise NotSupportedError(f"GROUP BY would release {count:,} groups (at most "
                                 f"{_MAX_GROUPS:,})", hint="group by fewer columns")
     return tuple(keys)
+
+
+def _expression_key(node: exp.Expression, table: TablePolicy, resolve: Resolver) -> GroupKey:
+    """A GROUP BY row expression: allowlisted, typed, never over the privacy unit or a
+    local-DP column; public values when it reads one column with public values."""
+    if isinstance(node, exp.Literal | exp.Null | exp.Boolean):
+        raise NotSupportedError(f"GROUP BY {node.sql('postgres')} is not supported",
+                                hint="group by a column, a select-list position, or an "
+                                     "expression over columns")
+    if node.find(exp.AggFunc) is not None:
+        raise GroupingError(f"aggregate functions are not allowed in GROUP BY: "
+                            f"{node.sql('postgres')}")
+    columns: dict[str, ColumnPolicy] = {}
+    for ref in node.find_all(exp.Column):
+        column = resolve(ref)
+        if column.ldp is not None:
+            raise raw_read_error(column, "GROUP BY")
+        if column.name == table.privacy_unit:
+            raise PrivacyViolation(
+                f"GROUP BY {node.sql('postgres')} reads the privacy unit {column.name}, so "
+                "it could release one group per unit",
+                hint=f"count units instead: COUNT(DISTINCT {column.name})")
+        columns[column.name] = column
+    expression = coerce_literals(_unqualified(node, resolve), resolve)
+    typed = type_row_expression(expression, resolve)
+    if not columns:
+        raise NotSupportedError(f"GROUP BY {node.sql('postgres')}: a constant groups nothing",
+                                hint="remove it, or group by an expression over columns")
+    column_type = key_type(typed)
+    name = expression.sql("postgres")
+    values = None
+    source = None
+    if len(columns) == 1 and enumerable(expression,
+                                        lambda n: type_row_expression(n, resolve)):
+        (column,) = columns.values()
+        if column.public_domain is not None:
+            # an empty image (NULL for every public value) would release no group at all:
+            # leave such a key to partition selection, as a private one
+            values = key_values(expression, column, column_type, table) or None
+            source = column.name if values is not None else None
+    described = ColumnPolicy(
+        name, column_type,
+        typed.lower if typed.kind == "num" and typed.bounded else None,
+        typed.upper if typed.kind == "num" and typed.bounded else None,
+        values, typed.nullable)
+    return GroupKey(name, described, values, expression, source)
+
+
+def _unqualified(node: exp.Expression, resolve: Resolver) -> exp.Expression:
+    """A copy with every column named as in the policy, without its table qualifier:
+    `a.AGE / 10` and `age / 10` are the same key."""
+    def swap(n: exp.Expression) -> exp.Expression:
+        if isinstance(n, exp.Column) and not isinstance(n.this, exp.Star):
+            return exp.column(resolve(n).name)
+        return n
+    return node.copy().transform(swap)
+
+
+def _key_expressions(node: exp.Expression, keys: Sequence[GroupKey], resolve: Resolver
+                     ) -> exp.Expression:
+    """A copy where each occurrence of an expression key (outside aggregates) is a column
+    reference to the key, as PostgreSQL matches select-list expressions to GROUP BY."""
+    names = {k.name for k in keys if k.expression is not None}
+    if not names:
+        return node
+
+    def swap(n: exp.Expression) -> exp.Expression:
+        if isinstance(n, exp.Column | exp.Literal | exp.AggFunc) \
+                or n.find_ancestor(exp.AggFunc) is not None:
+            return n
+        inner = n
+        while isinstance(inner, exp.Paren):
+            inner = inner.this
+        try:
+            text = coerce_literals(_unqualified(inner, resolve), resolve).sql("postgres")
+        except Error:  # not a row expression (e.g. over aggregates): not a key
+            return n
+        return exp.column(text, quoted=True) if text in names else n
+
+    return node.transform(swap)
 
 
 def _dereference(item: exp.Expression, select_items: Sequence[exp.Expression],
@@ -467,6 +567,7 @@ def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolve
             else:
                 rule = RULES[rule_name]
             arg_type = None
+            bounds = None
             if arg is not None:
                 arg_type = type_row_expression(arg, resolve)
                 if rule_name in ("sum", "avg") or rule.exponential:
@@ -480,6 +581,13 @@ def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolve
                             "person could change the result without limit",
                             hint=_quantile_clamp_hint(node, arg, arg_type) if rule.exponential
                             else _clamp_hint(rule_name.upper(), arg, arg_type))
+                    if max(abs(arg_type.lower), abs(arg_type.upper)) > MAX_VALUE_BOUND:
+                        raise NotSupportedError(
+                            f"{key}: the bounds of {arg.sql('postgres')}, [{arg_type.lower:g}, "
+                            f"{arg_type.upper:g}], exceed ±{MAX_VALUE_BOUND:g}; the noise "
+                            "would be as large and sums would lose exactness",
+                            hint=_clamp_hint(name, arg, ExprType("num")))
+                    bounds = (arg_type.lower, arg_type.upper)
             indexes = []
             for statistic in (local[1] if local else rule.statistics(arg, arg_type)):
                 same = next((i for i, s in enumerate(statistics)
@@ -488,7 +596,7 @@ def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolve
                     statistics.append(statistic)
                     same = len(statistics) - 1
                 indexes.append(same)
-            aggregates[key] = AggregateCall(key, rule, tuple(indexes))
+            aggregates[key] = AggregateCall(key, rule, tuple(indexes), bounds)
     return tuple(statistics), tuple(aggregates.values())
 
 
@@ -497,9 +605,12 @@ def _resolve_outputs(select: exp.Select, keys: tuple[GroupKey, ...],
                      aggregates: tuple[AggregateCall, ...], resolve: Resolver
                      ) -> tuple[tuple[Output, ...], exp.Expression | None, tuple[OrderItem, ...]]:
     key_names = [k.name for k in keys]
+    expression_keys = {k.name for k in keys if k.expression is not None}
     aggregate_index = {a.sql: i for i, a in enumerate(aggregates)}
 
     def check_key(node: exp.Column) -> None:
+        if node.name in expression_keys and not node.table:
+            return  # an expression key, matched by `_key_expressions`
         column = resolve(node)
         if column.ldp is not None:
             raise raw_read_error(column, "reading it outside COUNT or AVG")
@@ -517,10 +628,12 @@ def _resolve_outputs(select: exp.Select, keys: tuple[GroupKey, ...],
             raise PrivacyViolation("SELECT * would release raw rows",
                                    hint="select aggregates, e.g. SELECT COUNT(*) FROM …")
         body = item.this if isinstance(item, exp.Alias) else item
+        body = _key_expressions(body, keys, resolve)
         check_output_expression(body, check_key)
         key_index = None
         if isinstance(body, exp.Column):
-            key_index = key_names.index(resolve(body).name)
+            key_index = key_names.index(body.name if body.name in expression_keys
+                                        else resolve(body).name)
         outputs.append(Output(output_name(item), body, aggregate_index.get(body.sql("postgres")),
                               key_index))
 
@@ -537,7 +650,8 @@ def _resolve_outputs(select: exp.Select, keys: tuple[GroupKey, ...],
 
     having = None
     if select.args.get("having") is not None:
-        having = substitute_aliases(select.args["having"].this, keys_first=True)
+        having = _key_expressions(substitute_aliases(select.args["having"].this,
+                                                     keys_first=True), keys, resolve)
         check_output_expression(having, check_key)
 
     order: list[OrderItem] = []
@@ -550,7 +664,8 @@ def _resolve_outputs(select: exp.Select, keys: tuple[GroupKey, ...],
                     raise ProgrammingError(f"ORDER BY position {index} is not in select list")
                 target = outputs[index - 1].expression
             else:
-                target = substitute_aliases(target, keys_first=False)
+                target = _key_expressions(substitute_aliases(target, keys_first=False), keys,
+                                          resolve)
             check_output_expression(target, check_key)
             descending = bool(ordered.args.get("desc"))
             nulls_first = ordered.args.get("nulls_first")

@@ -55,6 +55,9 @@ class ColumnPolicy:
     # Collected under local DP: the column holds randomized reports (randomized response: a
     # boolean; unary encoding: a boolean array in domain order). Never read raw.
     ldp: LocalDP | None = None
+    # Public tables only: a claim that no two rows share a value of this column, so a join on
+    # it matches at most one row. The rewrite enforces it (one row per value is joined).
+    unique: bool = False
 
     @property
     def bounded(self) -> bool:
@@ -267,7 +270,8 @@ def _column(table: _Checker, name: str) -> ColumnPolicy:
     if not isinstance(spec, dict):
         table.fail(name, "expected a table such as { type = \"int\", lower = 0, upper = 100 }")
     col = _Checker(table.file, f"{table.where}.{name}", spec,
-                   {"type", "lower", "upper", "public_values", "nullable", "ldp"})
+                   {"type", "lower", "upper", "public_values", "nullable", "ldp",
+                    "unique"})
     ctype = col.choice("type", COLUMN_TYPES, "")
     lower, upper = col.number("lower"), col.number("upper")
     if (lower is None) != (upper is None):
@@ -295,8 +299,9 @@ def _column(table: _Checker, name: str) -> ColumnPolicy:
     if ldp is not None and (lower is not None or public is not None):
         col.fail("ldp", "a local-DP column holds randomized reports: it has no bounds and no "
                  "public_values")
+    unique = col.get("unique", bool, False)
     return ColumnPolicy(name, ctype, lower, upper, public, nullable,  # type: ignore[arg-type]
-                        ldp)
+                        ldp, unique)
 
 
 def _local_dp(col: _Checker, ctype: str) -> LocalDP:
@@ -372,6 +377,10 @@ def _table(top: _Checker, name: str, spec: Any) -> TablePolicy:
         t.fail("privacy_unit", f"{unit!r} is a local-DP column")
     if public and any(c.ldp is not None for c in columns.values()):
         t.fail("public", "a public table cannot hold local-DP columns")
+    if not public and any(c.unique for c in columns.values()):
+        claimed = next(c.name for c in columns.values() if c.unique)
+        t.fail(f"columns.{claimed}.unique", "unique applies to columns of public lookup tables "
+               "(join keys); a private table's values are not claimed in the policy")
     return TablePolicy(name, columns, public, unit, groups, rows, _budget(t, "total_budget"),
                        membership)
 

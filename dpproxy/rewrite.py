@@ -10,7 +10,9 @@ never a raw row. Three transformations make it safe to run:
   expression is evaluated (NULL stays NULL), then centred;
 * contribution bounding: each privacy unit keeps at most `max_rows` randomly
   chosen rows per group and at most `max_groups` groups, chosen by a hash
-  salted afresh for every query.
+  salted afresh for every query;
+* joins with public tables (`joined_source`) happen first, in the innermost
+  subquery, so bounding counts every match of a row as a row of its unit.
 
 >>> from dpproxy.policy import ColumnPolicy, TablePolicy
 >>> from sqlglot import parse_one
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
+from .analyze import Analysis
 from .analyze.aggregates import Statistic
 from .analyze.expressions import make_resolver, type_row_expression
 from .plan import QueryPlan
@@ -37,6 +40,7 @@ UNIT = "__unit"
 ROW_RANK = "__row_rank"
 GROUP_RANK = "__group_rank"
 RANDOM = "__random"
+ROW_ID = "__row_id"
 SELECTION = "units_for_selection"
 _DOUBLE = exp.DataType.build("DOUBLE")
 _BIGINT = exp.DataType.build("BIGINT")
@@ -185,6 +189,69 @@ def _group_hash(dialect: str, parts: Sequence[exp.Expression]) -> exp.Expression
     return exp.MD5(this=text)
 
 
+def joined_source(analysis: Analysis, row_ids: bool) -> exp.Expression:
+    """The private table joined with the public tables of the analysis, one column per
+    column of the combined table (public ones named "<alias>.<column>").
+
+    `row_ids`: number the private rows first (`__row_id`), so that a table without privacy
+    unit can bound what each of its rows contributes after the join fans it out. A public
+    table joined on a key the policy declares unique is joined one row per key value
+    (DISTINCT ON), so the policy's claim holds whatever the table holds.
+
+    >>> from dpproxy.policy import AnalystPolicy, ColumnPolicy, Policy, TablePolicy
+    >>> from dpproxy.analyze import analyze
+    >>> from pathlib import Path
+    >>> from sqlglot import parse_one
+    >>> p = TablePolicy("p", {"k": ColumnPolicy("k", "text")})
+    >>> q = TablePolicy("q", {"k": ColumnPolicy("k", "text", unique=True)}, public=True)
+    >>> policy = Policy(Path("x"), "db", None, None, {"p": p, "q": q}, {}, Path(), Path())
+    >>> a = analyze(parse_one("SELECT COUNT(*) FROM p LEFT JOIN q ON p.k = q.k"), policy,
+    ...             AnalystPolicy("a", tables=("p",)))
+    >>> print(joined_source(a, False).sql("postgres"))  # doctest: +NORMALIZE_WHITESPACE
+    SELECT "__t0"."k" AS "k", "__t1"."k" AS "q.k" FROM "p" AS "__t0" LEFT JOIN (SELECT DISTINCT
+    ON ("k") * FROM "q" ORDER BY "k") AS "__t1" ON "__t0"."k" = "__t1"."k"
+    """
+    table = analysis.table
+    public = {f"{j.prefix}.{name}": (f"__t{i + 1}", name)
+              for i, j in enumerate(analysis.joins) for name in j.table.columns}
+
+    def ref(name: str) -> exp.Column:
+        alias, column = public.get(name, ("__t0", name))
+        return exp.column(column, table=alias, quoted=True)
+
+    private: exp.Expression = _quoted_table(table.name)
+    if row_ids:
+        numbered = exp.alias_(exp.Window(this=exp.RowNumber()), ROW_ID, quoted=True)
+        private = exp.select(exp.Star(), numbered, copy=False).from_(private, copy=False)
+        private = private.subquery(exp.to_identifier("__t0", quoted=True), copy=False)
+    else:
+        private = private.as_("__t0", quoted=True, copy=False)
+    items = [exp.alias_(ref(name), name, quoted=True) for name in table.columns]
+    if row_ids:
+        items.append(exp.alias_(exp.column(ROW_ID, table="__t0", quoted=True), ROW_ID,
+                                quoted=True))
+    joined = exp.select(*items, copy=False).from_(private, copy=False)
+    for i, join in enumerate(analysis.joins, start=1):
+        target: exp.Expression = _quoted_table(join.table.name)
+        if join.unique_key is not None:
+            key = exp.column(join.unique_key, quoted=True)
+            deduplicated = exp.select(exp.Star(), copy=False).from_(target, copy=False)
+            deduplicated.set("distinct", exp.Distinct(on=exp.Tuple(expressions=[key])))
+            target = deduplicated.order_by(key.copy(), copy=False).subquery(
+                exp.to_identifier(f"__t{i}", quoted=True), copy=False)
+        else:
+            target = target.as_(f"__t{i}", quoted=True, copy=False)
+        on = exp.and_(*(exp.EQ(this=ref(left), expression=exp.column(
+            right, table=f"__t{i}", quoted=True)) for left, right in join.keys), copy=False)
+        joined = joined.join(target, on=on, join_type="LEFT" if join.left else "INNER",
+                             copy=False)
+    return joined
+
+
+def _quoted_table(name: str) -> exp.Table:
+    return exp.Table(this=exp.to_identifier(name, quoted=True))
+
+
 def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     """The backend statement computing every measurement of the plan per group.
 
@@ -228,14 +295,21 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     if where is not None:
         filters.insert(0, make_total(where, table, dialect))
     unit = exp.column(bound.privacy_unit, quoted=True) if bound.privacy_unit else None
+    # Without a privacy unit, a row is the unit; a join that may match it several times
+    # needs its identity to keep max_rows (1) joined rows of it.
+    row_ids = unit is None and analysis.fans_out
+    if row_ids:
+        unit = exp.column(ROW_ID, quoted=True)
     if unit is not None:
         inner_items.append(exp.alias_(unit, UNIT))
         # drawn here because window ORDER BY may not be volatile (DuckDB)
         inner_items.append(exp.alias_(exp.Rand(), RANDOM))
     if not inner_items:  # COUNT(*) alone, without a privacy unit, needs no column
         inner_items.append(exp.alias_(exp.Literal.number(1), "__row"))
-    inner = exp.select(*inner_items, copy=False).from_(exp.to_table(table.name, quoted=True),
-                                                       copy=False)
+    base: exp.Expression = exp.to_table(table.name, quoted=True)
+    if analysis.joins:
+        base = joined_source(analysis, row_ids).subquery("joined", copy=False)
+    inner = exp.select(*inner_items, copy=False).from_(base, copy=False)
     if filters:
         inner = inner.where(exp.and_(*filters, copy=False), copy=False)
     source: exp.Expression = inner.subquery("filtered", copy=False)

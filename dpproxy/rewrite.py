@@ -237,7 +237,10 @@ def joined_source(analysis: Analysis, row_ids: bool) -> exp.Expression:
             key = exp.column(join.unique_key, quoted=True)
             deduplicated = exp.select(exp.Star(), copy=False).from_(target, copy=False)
             deduplicated.set("distinct", exp.Distinct(on=exp.Tuple(expressions=[key])))
-            target = deduplicated.order_by(key.copy(), copy=False).subquery(
+            # then every column: the same row is kept each time, even if the claim is false
+            order = [key.copy(), *(exp.column(c, quoted=True) for c in join.table.columns
+                                   if c != join.unique_key)]
+            target = deduplicated.order_by(*order, copy=False).subquery(
                 exp.to_identifier(f"__t{i}", quoted=True), copy=False)
         else:
             target = target.as_(f"__t{i}", quoted=True, copy=False)

@@ -347,6 +347,16 @@ def test_order_by_public_key_is_kept(ana: Session) -> None:
     assert [row[0] for row in result.rows] == ["y", "x"]
 
 
+def test_order_by_output_name_before_ambiguous_input_columns(ana: Session) -> None:
+    """ORDER BY k names the output column k first, as in PostgreSQL, though both tables
+    have a column k (in WHERE, k would be ambiguous)."""
+    result = ana.execute("SELECT q.k, COUNT(*) FROM tn p JOIN pub q ON p.k = q.k "
+                         "GROUP BY q.k ORDER BY k DESC")
+    assert [row[0] for row in result.rows] == ["c", "b", "a"]
+    with pytest.raises(errors.AmbiguousColumn):
+        ana.execute("SELECT COUNT(*) FROM tn p JOIN pub q ON p.k = q.k ORDER BY k || ''")
+
+
 # -- rejected queries ---------------------------------------------------------------------------
 
 REJECTED = [

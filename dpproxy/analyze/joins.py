@@ -136,9 +136,18 @@ def resolve_joins(select: exp.Select, private: TablePolicy, alias: str | None, p
             renamed = exp.alias_(renamed, output_name(item), quoted=True)
         items.append(renamed)
     query.set("expressions", items)
-    for clause in ("where", "group", "having", "order"):
+    for clause in ("where", "group", "having"):
         if query.args.get(clause) is not None:
             query.set(clause, query.args[clause].transform(rename))
+    if query.args.get("order") is not None:
+        # ORDER BY name: an output column of that name comes first, as in PostgreSQL; the
+        # outputs pass resolves it
+        outputs = {output_name(item) for item in select.expressions}
+        for ordered in query.args["order"].expressions:
+            target = ordered.this
+            if not (isinstance(target, exp.Column) and not target.table
+                    and target.name in outputs):
+                ordered.set("this", target.transform(rename))
     return query, combined, tuple(joins)
 
 

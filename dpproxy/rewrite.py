@@ -320,13 +320,17 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     bounded_filter: list[exp.Expression] = []
     if unit is not None:
         unit_ref = exp.column(UNIT)
+        # A numbered row may touch 1 group with 1 row (max_groups = max_rows = 1): keeping
+        # one random joined row per row satisfies both, with one window instead of two.
+        assert not row_ids or (bound.max_rows, bound.max_groups) == (1, 1)
+        per_group = [] if row_ids else [k.copy() for k in key_refs]
         ranks: list[exp.Expression] = [exp.alias_(exp.Window(
             this=exp.RowNumber(),
-            partition_by=[unit_ref.copy(), *(k.copy() for k in key_refs)],
+            partition_by=[unit_ref.copy(), *per_group],
             order=exp.Order(expressions=[exp.Ordered(this=exp.column(RANDOM))])), ROW_RANK)]
         bounded_filter.append(exp.LTE(this=exp.column(ROW_RANK),
                                       expression=exp.Literal.number(bound.max_rows)))
-        if analysis.keys:
+        if analysis.keys and not row_ids:
             ranks.append(exp.alias_(exp.Window(
                 this=exp.Anonymous(this="DENSE_RANK"),
                 partition_by=[unit_ref.copy()],
@@ -365,7 +369,7 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
         outer = outer.where(exp.and_(*bounded_filter, copy=False), copy=False)
     if key_refs:
         outer = outer.group_by(*(k.copy() for k in key_refs), copy=False)
-    salted = unit is not None and bool(analysis.keys)
+    salted = unit is not None and bool(analysis.keys) and not row_ids
     return Rewritten(outer.sql(dialect=dialect), key_names,
                      tuple(m.column for m in plan.measurements), salted)
 

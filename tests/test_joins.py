@@ -475,6 +475,15 @@ def test_row_level_row_with_50_matches_moves_by_at_most_the_sensitivity(
         assert moved == 1  # the row is counted once, not 50 times
 
 
+def test_row_level_rows_keep_one_match_across_groups(policy: Policy, backend: Any) -> None:
+    """A 'c' row of rn matches a row of group x and one of group y: it is counted in one of
+    them only, so the groups add up to the 45 matching rows, not 60."""
+    plan = plan_for(policy, "SELECT pub.grp, COUNT(*) FROM rn JOIN pub USING (k) GROUP BY pub.grp")
+    rows = exact_rows(backend, plan)
+    assert set(rows) == {("x",), ("y",)}
+    assert sum(values[0] for values in rows.values()) == 45
+
+
 def test_unique_key_needs_no_row_numbers(policy: Policy, backend: Any,
                                          exact_con: duckdb.DuckDBPyConnection) -> None:
     """A key declared unique: no fan-out, no row ids, and the duplicated 'c' of lut is

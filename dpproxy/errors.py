@@ -112,6 +112,18 @@ class UndefinedObject(ProgrammingError):
     sqlstate = "42704"
 
 
+class AmbiguousColumn(ProgrammingError):
+    """An unqualified column name that more than one joined table has."""
+
+    sqlstate = "42702"
+
+
+class DuplicateAlias(ProgrammingError):
+    """The same table name or alias twice in one FROM clause."""
+
+    sqlstate = "42712"
+
+
 class DatatypeMismatch(ProgrammingError):
     sqlstate = "42804"
 

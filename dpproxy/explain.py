@@ -27,6 +27,17 @@ def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -
         f"{' and partition selection' if plan.selection else ''}); "
         f"budget left before: ε={remaining.epsilon:.6g}, δ={remaining.delta:.3g}",
     ]
+    for join in analysis.joins:
+        if join.unique_key is not None:
+            effect = (f"{join.prefix}.{join.unique_key} is declared unique: one row per value "
+                      "is joined, no fan-out")
+        elif bound.privacy_unit:
+            effect = ("may match several rows: each match counts as a row of its unit, "
+                      "bounded after the join")
+        else:
+            effect = ("may match several rows: rows are numbered before the join and each "
+                      "keeps at most one joined row")
+        lines.append(f"Join: {join.describe()} ({effect})")
     if analysis.keys and plan.selection is None:
         keys = ", ".join(f"{k.name} ({len(k.values or ())} public values"
                          f"{f', the image of the public values of {k.source}' if k.source else ''})"

@@ -60,6 +60,9 @@ class ColumnPolicy:
     # A public grid of values (`public_range`): GROUP BY the column, or an expression over
     # it, releases every value the grid yields, zeros included.
     public_range: PublicRange | None = None
+    # Public tables only: a claim that no two rows share a value of this column, so a join on
+    # it matches at most one row. The rewrite enforces it (one row per value is joined).
+    unique: bool = False
 
     @property
     def bounded(self) -> bool:
@@ -328,7 +331,7 @@ def _column(table: _Checker, name: str) -> ColumnPolicy:
         table.fail(name, "expected a table such as { type = \"int\", lower = 0, upper = 100 }")
     col = _Checker(table.file, f"{table.where}.{name}", spec,
                    {"type", "lower", "upper", "public_values", "public_range", "nullable",
-                    "ldp"})
+                    "ldp", "unique"})
     ctype = col.choice("type", COLUMN_TYPES, "")
     lower, upper = col.number("lower"), col.number("upper")
     if (lower is None) != (upper is None):
@@ -360,8 +363,9 @@ def _column(table: _Checker, name: str) -> ColumnPolicy:
                              or public_range is not None):
         col.fail("ldp", "a local-DP column holds randomized reports: it has no bounds and no "
                  "public_values or public_range")
+    unique = col.get("unique", bool, False)
     return ColumnPolicy(name, ctype, lower, upper, public, nullable,  # type: ignore[arg-type]
-                        ldp, public_range)
+                        ldp, public_range, unique)
 
 
 def _public_range(col: _Checker, ctype: str, lower: float | None, upper: float | None
@@ -480,6 +484,10 @@ def _table(top: _Checker, name: str, spec: Any) -> TablePolicy:
         t.fail("privacy_unit", f"{unit!r} is a local-DP column")
     if public and any(c.ldp is not None for c in columns.values()):
         t.fail("public", "a public table cannot hold local-DP columns")
+    if not public and any(c.unique for c in columns.values()):
+        claimed = next(c.name for c in columns.values() if c.unique)
+        t.fail(f"columns.{claimed}.unique", "unique applies to columns of public lookup tables "
+               "(join keys); a private table's values are not claimed in the policy")
     return TablePolicy(name, columns, public, unit, groups, rows, _budget(t, "total_budget"),
                        membership)
 

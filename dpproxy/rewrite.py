@@ -10,7 +10,9 @@ never a raw row. Three transformations make it safe to run:
   expression is evaluated (NULL stays NULL), then centred;
 * contribution bounding: each privacy unit keeps at most `max_rows` randomly
   chosen rows per group and at most `max_groups` groups, chosen by a hash
-  salted afresh for every query.
+  salted afresh for every query;
+* joins with public tables (`joined_source`) happen first, in the innermost
+  subquery, so bounding counts every match of a row as a row of its unit.
 
 A quantile measurement (`dpproxy.quantiles`) needs each group's histogram of its
 clamped argument over fixed bins. The statement then aggregates twice: first per
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
+from .analyze import Analysis
 from .analyze.aggregates import Statistic
 from .analyze.expressions import make_resolver, type_row_expression
 from .plan import Measurement, QueryPlan
@@ -45,6 +48,7 @@ UNIT = "__unit"
 ROW_RANK = "__row_rank"
 GROUP_RANK = "__group_rank"
 RANDOM = "__random"
+ROW_ID = "__row_id"
 SELECTION = "units_for_selection"
 BIN_ROWS = "__bin_rows"
 _DOUBLE = exp.DataType.build("DOUBLE")
@@ -218,6 +222,72 @@ def _group_hash(dialect: str, parts: Sequence[exp.Expression]) -> exp.Expression
     return exp.MD5(this=text)
 
 
+def joined_source(analysis: Analysis, row_ids: bool) -> exp.Expression:
+    """The private table joined with the public tables of the analysis, one column per
+    column of the combined table (public ones named "<alias>.<column>").
+
+    `row_ids`: number the private rows first (`__row_id`), so that a table without privacy
+    unit can bound what each of its rows contributes after the join fans it out. A public
+    table joined on a key the policy declares unique is joined one row per key value
+    (DISTINCT ON), so the policy's claim holds whatever the table holds.
+
+    >>> from dpproxy.policy import AnalystPolicy, ColumnPolicy, Policy, TablePolicy
+    >>> from dpproxy.analyze import analyze
+    >>> from pathlib import Path
+    >>> from sqlglot import parse_one
+    >>> p = TablePolicy("p", {"k": ColumnPolicy("k", "text")})
+    >>> q = TablePolicy("q", {"k": ColumnPolicy("k", "text", unique=True)}, public=True)
+    >>> policy = Policy(Path("x"), "db", None, None, {"p": p, "q": q}, {}, Path(), Path())
+    >>> a = analyze(parse_one("SELECT COUNT(*) FROM p LEFT JOIN q ON p.k = q.k"), policy,
+    ...             AnalystPolicy("a", tables=("p",)))
+    >>> print(joined_source(a, False).sql("postgres"))  # doctest: +NORMALIZE_WHITESPACE
+    SELECT "__t0"."k" AS "k", "__t1"."k" AS "q.k" FROM "p" AS "__t0" LEFT JOIN (SELECT DISTINCT
+    ON ("k") * FROM "q" ORDER BY "k") AS "__t1" ON "__t0"."k" = "__t1"."k"
+    """
+    table = analysis.table
+    public = {f"{j.prefix}.{name}": (f"__t{i + 1}", name)
+              for i, j in enumerate(analysis.joins) for name in j.table.columns}
+
+    def ref(name: str) -> exp.Column:
+        alias, column = public.get(name, ("__t0", name))
+        return exp.column(column, table=alias, quoted=True)
+
+    private: exp.Expression = _quoted_table(table.name)
+    if row_ids:
+        numbered = exp.alias_(exp.Window(this=exp.RowNumber()), ROW_ID, quoted=True)
+        private = exp.select(exp.Star(), numbered, copy=False).from_(private, copy=False)
+        private = private.subquery(exp.to_identifier("__t0", quoted=True), copy=False)
+    else:
+        private = private.as_("__t0", quoted=True, copy=False)
+    items = [exp.alias_(ref(name), name, quoted=True) for name in table.columns]
+    if row_ids:
+        items.append(exp.alias_(exp.column(ROW_ID, table="__t0", quoted=True), ROW_ID,
+                                quoted=True))
+    joined = exp.select(*items, copy=False).from_(private, copy=False)
+    for i, join in enumerate(analysis.joins, start=1):
+        target: exp.Expression = _quoted_table(join.table.name)
+        if join.unique_key is not None:
+            key = exp.column(join.unique_key, quoted=True)
+            deduplicated = exp.select(exp.Star(), copy=False).from_(target, copy=False)
+            deduplicated.set("distinct", exp.Distinct(on=exp.Tuple(expressions=[key])))
+            # then every column: the same row is kept each time, even if the claim is false
+            order = [key.copy(), *(exp.column(c, quoted=True) for c in join.table.columns
+                                   if c != join.unique_key)]
+            target = deduplicated.order_by(*order, copy=False).subquery(
+                exp.to_identifier(f"__t{i}", quoted=True), copy=False)
+        else:
+            target = target.as_(f"__t{i}", quoted=True, copy=False)
+        on = exp.and_(*(exp.EQ(this=ref(left), expression=exp.column(
+            right, table=f"__t{i}", quoted=True)) for left, right in join.keys), copy=False)
+        joined = joined.join(target, on=on, join_type="LEFT" if join.left else "INNER",
+                             copy=False)
+    return joined
+
+
+def _quoted_table(name: str) -> exp.Table:
+    return exp.Table(this=exp.to_identifier(name, quoted=True))
+
+
 def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     """The backend statement computing every measurement of the plan per group.
 
@@ -268,14 +338,21 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     if where is not None:
         filters.insert(0, make_total(where, table, dialect))
     unit = exp.column(bound.privacy_unit, quoted=True) if bound.privacy_unit else None
+    # Without a privacy unit, a row is the unit; a join that may match it several times
+    # needs its identity to keep max_rows (1) joined rows of it.
+    row_ids = unit is None and analysis.fans_out
+    if row_ids:
+        unit = exp.column(ROW_ID, quoted=True)
     if unit is not None:
         inner_items.append(exp.alias_(unit, UNIT))
         # drawn here because window ORDER BY may not be volatile (DuckDB)
         inner_items.append(exp.alias_(exp.Rand(), RANDOM))
     if not inner_items:  # COUNT(*) alone, without a privacy unit, needs no column
         inner_items.append(exp.alias_(exp.Literal.number(1), "__row"))
-    inner = exp.select(*inner_items, copy=False).from_(exp.to_table(table.name, quoted=True),
-                                                       copy=False)
+    base: exp.Expression = exp.to_table(table.name, quoted=True)
+    if analysis.joins:
+        base = joined_source(analysis, row_ids).subquery("joined", copy=False)
+    inner = exp.select(*inner_items, copy=False).from_(base, copy=False)
     if filters:
         inner = inner.where(exp.and_(*filters, copy=False), copy=False)
     source: exp.Expression = inner.subquery("filtered", copy=False)
@@ -283,13 +360,17 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     bounded_filter: list[exp.Expression] = []
     if unit is not None:
         unit_ref = exp.column(UNIT)
+        # A numbered row may touch 1 group with 1 row (max_groups = max_rows = 1): keeping
+        # one random joined row per row satisfies both, with one window instead of two.
+        assert not row_ids or (bound.max_rows, bound.max_groups) == (1, 1)
+        per_group = [] if row_ids else [k.copy() for k in key_refs]
         ranks: list[exp.Expression] = [exp.alias_(exp.Window(
             this=exp.RowNumber(),
-            partition_by=[unit_ref.copy(), *(k.copy() for k in key_refs)],
+            partition_by=[unit_ref.copy(), *per_group],
             order=exp.Order(expressions=[exp.Ordered(this=exp.column(RANDOM))])), ROW_RANK)]
         bounded_filter.append(exp.LTE(this=exp.column(ROW_RANK),
                                       expression=exp.Literal.number(bound.max_rows)))
-        if analysis.keys:
+        if analysis.keys and not row_ids:
             ranks.append(exp.alias_(exp.Window(
                 this=exp.Anonymous(this="DENSE_RANK"),
                 partition_by=[unit_ref.copy()],
@@ -330,7 +411,7 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
         outer = outer.where(exp.and_(*bounded_filter, copy=False), copy=False)
     if key_refs:
         outer = outer.group_by(*(k.copy() for k in key_refs), copy=False)
-    salted = unit is not None and bool(analysis.keys)
+    salted = unit is not None and bool(analysis.keys) and not row_ids
     return Rewritten(outer.sql(dialect=dialect), key_names,
                      tuple(m.column for m in plan.measurements), salted)
 

@@ -104,7 +104,7 @@ BROKEN: list[tuple[str, str, str, str | tuple[str, ...], tuple[str, ...]]] = [
     ("unknown top-level key", 'database = "demo"', 'database = "demo"\ncolour = "blue"',
      "colour", ("unknown field", "analysts, audit, backend, database")),
     ("column field typo", AGE, AGE.replace("upper", "uper"), "tables.adult.columns.age.uper",
-     ("unknown field", "lower, nullable, public_range, public_values, type, upper")),
+     ("unknown field", "lower, nullable, public_range, public_values, type, unique, upper")),
     ("lower without upper", AGE, 'age = { type = "int", lower = 17, nullable = false }',
      "tables.adult.columns.age.upper", ("give both lower and upper",)),
     ("upper without lower", AGE, 'age = { type = "int", upper = 90, nullable = false }',

@@ -252,6 +252,19 @@ ACCEPTED = [
              "SELECT occupation AS o, COUNT(*) AS n FROM adult GROUP BY o", ("o", "n"), 14,
              "SELECT occupation, COUNT(*) FROM adult GROUP BY occupation",
              keys=("occupation",)),
+    # joins with the public occupation_groups (occupation declared unique: no fan-out)
+    Accepted("join_public_count",
+             "SELECT COUNT(*) FROM adult a JOIN occupation_groups g "
+             "ON a.occupation = g.occupation", ("count",), 1,
+             "SELECT COUNT(*) FROM adult a JOIN occupation_groups g "
+             "ON a.occupation = g.occupation"),
+    # collar has no public values: partition selection (δ), NULL group of unmatched rows kept
+    Accepted("join_public_left_group_by_public_column",
+             "SELECT g.collar, COUNT(*) FROM adult a LEFT JOIN occupation_groups g "
+             "USING (occupation) GROUP BY g.collar ORDER BY 1", ("collar", "count"), 5,
+             "SELECT g.collar, COUNT(*) FROM adult a LEFT JOIN occupation_groups g "
+             "USING (occupation) GROUP BY g.collar ORDER BY 1 NULLS LAST", keys=("collar",),
+             ordered=True, delta=1e-7),
     Accepted("group_by_key_not_selected", "SELECT COUNT(*) FROM adult GROUP BY sex",
              ("count",), 2, "SELECT COUNT(*) FROM adult GROUP BY sex ORDER BY sex",
              ordered=True),
@@ -672,10 +685,16 @@ REJECTED = [
     Rejected("cte", "WITH t AS (SELECT age FROM adult) SELECT COUNT(*) FROM t", "0A000",
              ("WITH",)),
     Rejected("join_private", "SELECT COUNT(*) FROM adult JOIN visits USING (person_id)",
-             "0A000", ("JOIN",)),
-    Rejected("join_public",
-             "SELECT COUNT(*) FROM adult a JOIN occupation_groups g "
-             "ON a.occupation = g.occupation", "0A000", ("JOIN",)),
+             "42501", ("two private tables",), ("public",)),
+    Rejected("join_self", "SELECT COUNT(*) FROM adult a JOIN adult b USING (occupation)",
+             "42501", ("self-join",)),
+    Rejected("join_right", "SELECT COUNT(*) FROM adult a RIGHT JOIN occupation_groups g "
+             "ON a.occupation = g.occupation", "0A000", ("RIGHT JOIN",), ("LEFT JOIN",)),
+    Rejected("join_on_inequality", "SELECT COUNT(*) FROM adult a JOIN occupation_groups g "
+             "ON a.occupation <> g.occupation", "0A000", ("join condition",)),
+    Rejected("join_ambiguous_column", "SELECT COUNT(*) FROM adult a JOIN occupation_groups g "
+             "ON a.occupation = g.occupation WHERE occupation = 'Sales'", "42702",
+             ("ambiguous",), ("a.occupation",)),
     Rejected("distinct", "SELECT DISTINCT sex FROM adult", "0A000", ("DISTINCT",),
              ("GROUP BY",)),
     Rejected("two_queries", "SELECT COUNT(*) FROM adult; SELECT COUNT(*) FROM adult", "0A000",

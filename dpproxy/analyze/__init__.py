@@ -2,8 +2,11 @@
 
 The passes run in this order, each small and named after what it checks:
 
-1. `_check_shape`      only SELECT … FROM one table [WHERE] [GROUP BY] [HAVING] [ORDER BY] [LIMIT]
-2. `_resolve_table`    the table exists, is granted, and is private (public tables: later)
+1. `_check_shape`      only SELECT … FROM one table [JOIN public tables] [WHERE] [GROUP BY]
+                       [HAVING] [ORDER BY] [LIMIT]
+2. `_resolve_table`    the table exists, is granted, and is private; `joins.resolve_joins`
+                       checks joined public tables and names their columns "<alias>.<column>"
+                       in one combined table, so the passes below see one table
 3. `_check_where`      the row predicate is an allowlisted, deterministic boolean expression
 4. `_resolve_keys`     GROUP BY keys are columns or allowlisted row expressions, never over the
                        privacy unit; keys without public values (a column's `public_values`
@@ -51,11 +54,12 @@ from .expressions import (
     make_resolver,
     type_row_expression,
 )
+from .joins import Join, resolve_joins
 from .keys import enumerable, key_type, key_values
 from .ldp import local_aggregate, raw_read_error, reject_raw_local
 
-__all__ = ["AggregateCall", "Analysis", "ConstantQuery", "GroupKey", "OrderItem", "Output",
-           "analyze"]
+__all__ = ["AggregateCall", "Analysis", "ConstantQuery", "GroupKey", "Join", "OrderItem",
+           "Output", "analyze"]
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,13 @@ class Analysis:
     limit: int | None
     offset: int
     statement: str  # the normalized query, for the ledger, audit log and cache
+    # public tables joined to `table`, whose columns `table` holds as "<prefix>.<column>"
+    joins: tuple[Join, ...] = ()
+
+    @property
+    def fans_out(self) -> bool:
+        """True when a joined public table may match a row several times (no unique key)."""
+        return any(j.unique_key is None for j in self.joins)
 
     @property
     def output_types(self) -> tuple[str, ...]:
@@ -153,7 +164,6 @@ _PG_TYPES = {"int": "int8", "float": "float8", "text": "text", "date": "date", "
 
 _UNSUPPORTED_CLAUSES = {
     "with_": ("WITH (common table expressions)", "query the table directly"),
-    "joins": ("JOIN", "joins with public tables are planned; query one table for now"),
     "laterals": ("LATERAL", "query one table"),
     "distinct": ("SELECT DISTINCT", "use GROUP BY with an aggregate such as COUNT(*)"),
     "qualify": ("QUALIFY", "filter outputs with HAVING"),
@@ -184,6 +194,10 @@ def analyze(select: exp.Expression, policy: Policy, analyst: AnalystPolicy
         return _constant_query(select, statement)
     select = _fold_within_group(select)
     table, alias = _resolve_table(select, policy, analyst)
+    joins: tuple[Join, ...] = ()
+    if select.args.get("joins"):
+        select, table, joins = resolve_joins(select, table, alias, policy, analyst)
+        alias = None
     resolve = make_resolver(table.name, alias, table.columns)
     where = _check_where(select, resolve)
     keys = _resolve_keys(select, table, resolve)
@@ -191,7 +205,7 @@ def analyze(select: exp.Expression, policy: Policy, analyst: AnalystPolicy
     outputs, having, order = _resolve_outputs(select, keys, aggregates, resolve)
     limit, offset = _limit_offset(select)
     return Analysis(table, where, keys, statistics, aggregates, outputs, having, order, limit,
-                    offset, statement)
+                    offset, statement, joins)
 
 
 # 1 -------------------------------------------------------------------------------------------
@@ -303,13 +317,17 @@ def _resolve_table(select: exp.Select, policy: Policy, analyst: AnalystPolicy
     if table is None:
         raise UndefinedTable(f'relation "{name}" does not exist',
                              hint=f"tables you may query: {', '.join(granted) or 'none'}")
+    if table.public and select.args.get("joins"):
+        raise NotSupportedError(f"{table.name} is a public lookup table: a join must start "
+                                "from the private table",
+                                hint=f"FROM <private table> JOIN {table.name} ON …")
+    if table.public:
+        raise NotSupportedError(f"{table.name} is a public lookup table; reading it directly "
+                                "is not supported yet", hint="query a private table")
     if table.name not in analyst.tables:
         raise PrivacyViolation(f"permission denied for table {table.name}",
                                hint=f"tables granted to {analyst.name}: "
                                     f"{', '.join(granted) or 'none'}")
-    if table.public:
-        raise NotSupportedError(f"{table.name} is a public lookup table; reading it directly "
-                                "is not supported yet", hint="query a private table")
     return table, source.alias or None
 
 

@@ -632,8 +632,10 @@ REJECTED = [
     # aggregates
     Rejected("min", "SELECT MIN(age) FROM adult", "0A000", ("MIN",), ("SUM(expr)",)),
     Rejected("max", "SELECT MAX(age) FROM adult", "0A000", ("MAX",)),
-    Rejected("stddev", "SELECT STDDEV(age) FROM adult", "0A000", ("STDDEV",)),
-    Rejected("variance", "SELECT VARIANCE(age) FROM adult", "0A000"),
+    Rejected("stddev_distinct", "SELECT STDDEV(DISTINCT age) FROM adult", "0A000",
+             ("STDDEV_SAMP(DISTINCT",)),
+    Rejected("variance_unbounded", "SELECT VARIANCE(capital_gain / (age - 40)) FROM adult",
+             "42501", ("no bound",), ("VAR_SAMP(LEAST(GREATEST(capital_gain / (age - 40)",)),
     Rejected("median", "SELECT MEDIAN(age) FROM adult", "0A000"),
     Rejected("string_agg", "SELECT STRING_AGG(sex, ',') FROM adult", "0A000"),
     Rejected("count_distinct_other_column", "SELECT COUNT(DISTINCT age) FROM adult", "0A000",

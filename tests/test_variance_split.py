@@ -535,6 +535,36 @@ def test_set_show_reset_split(big_engine: Engine) -> None:
     assert big_engine.session("alice", split="2,1").options.split == (2.0, 1.0)
 
 
+def test_dbapi_connect_takes_a_split(make_policy: Any) -> None:
+    import dpproxy
+
+    with dpproxy.connect(make_policy(), analyst="alice", split="1,4") as conn:
+        (split,) = conn.execute("SHOW dpproxy.split").fetchone() or ()
+        assert split == "1,4"
+        cur = conn.execute("SELECT COUNT(*), SUM(hours_per_week) FROM adult")
+        count, total = cur.accuracy
+        assert count is not None and total is not None
+        # the policy's default ε = 0.1, split 1:4
+        assert (count.epsilon, total.epsilon) == (pytest.approx(0.02), pytest.approx(0.08))
+    with pytest.raises(errors.InvalidParameterValue):
+        dpproxy.connect(make_policy(), analyst="alice", split="1,-4")
+
+
+def test_cli_explain_takes_a_split(demo_policy: Path) -> None:
+    from tests.test_cli import dpproxy as run_cli
+
+    run = run_cli("explain", "--policy", demo_policy, "--epsilon", "1", "--split", "3,1",
+                  "SELECT COUNT(*), VAR_SAMP(age) FROM adult")
+    assert run.returncode == 0, run.stderr
+    assert "split by aggregate weights 3,1" in run.stdout
+    assert "COUNT(*) from m0: ε=0.75 (75% of the query's)" in run.stdout
+    assert "VAR_SAMP(age) from m1, m2, m3: ε=0.25 (25% of the query's)" in run.stdout
+    bad = run_cli("query", "--policy", demo_policy, "--split", "1",
+                  "SELECT COUNT(*), VAR_SAMP(age) FROM adult")
+    assert bad.returncode != 0
+    assert "22023" in bad.stderr + bad.stdout and "2 aggregate(s)" in bad.stderr + bad.stdout
+
+
 def test_a_different_split_is_not_served_a_cached_answer(big_engine: Engine) -> None:
     session = big_engine.session("alice", epsilon=1.0)
     sql = "SELECT COUNT(*), SUM(hours_per_week) FROM adult"

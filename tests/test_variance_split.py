@@ -148,6 +148,10 @@ ACCEPTED = [
              "SET dpproxy.split = '3,1'; SELECT sex, COUNT(*) FROM adult GROUP BY sex "
              "HAVING SUM(hours_per_week) > 0", ("sex", "count"), 2,
              "SELECT sex, COUNT(*) FROM adult GROUP BY sex", keys=("sex",)),
+    # a list value, as PostgreSQL writes one for settings
+    Accepted("split_unquoted_list",
+             "SET dpproxy.split = 1, 3; SELECT COUNT(*), SUM(education_num) FROM adult",
+             ("count", "sum"), 1, "SELECT COUNT(*), SUM(education_num) FROM adult", tol=2),
     Accepted("split_reset", "SET dpproxy.split = '1,2'; RESET dpproxy.split; "
              "SELECT COUNT(*) FROM adult", ("count",), 1, "SELECT COUNT(*) FROM adult"),
     Accepted("split_even_word", "SET dpproxy.split = 'even'; SELECT COUNT(*), AVG(age) "
@@ -244,6 +248,11 @@ REJECTED = [
              SPLIT_HINT),
     Rejected("split_empty_item", "SET dpproxy.split = '1,,2'", "22023", ("dpproxy.split",)),
     Rejected("split_zero_number", "SET dpproxy.split = 0", "22023", ("positive",)),
+    Rejected("split_negative_in_list", "SET dpproxy.split = 1, -3", "22023", ("positive",)),
+    # never dropped as if it were a client setting
+    Rejected("split_list_with_word", "SET dpproxy.split = 1, x", "22023",
+             ("invalid value for dpproxy.split",)),
+    Rejected("epsilon_list", "SET dpproxy.epsilon = 1, 2", "22023", ("epsilon",)),
     # COUNT(DISTINCT …) other than the privacy unit
     Rejected("count_distinct_other_column", "SELECT COUNT(DISTINCT age) FROM adult", "0A000",
              ("only over the privacy unit (person_id)",), ("COUNT(DISTINCT person_id)",)),
@@ -422,6 +431,15 @@ def test_split_divides_gaussian_delta(policy: Policy) -> None:
     assert [n.delta for n in noises] == pytest.approx([2e-7, 8e-7])
     assert [n.epsilon for n in noises] == pytest.approx([0.2, 0.8])
     assert plan.cost.delta == 1e-6
+
+
+def test_set_with_a_list_value_parses_to_the_dpproxy_setting() -> None:
+    (statement,) = parse_statements("SET dpproxy.split TO 2, '0.5'")
+    assert (statement.kind, statement.name, statement.value) == ("set", "dpproxy.split",
+                                                                 ("2", "0.5"))
+    assert parse_split(statement.value) == (2.0, 0.5)
+    (client,) = parse_statements("SET search_path = public, other")
+    assert client.kind == "set" and client.name is None  # a client setting: a no-op
 
 
 def test_split_weights_are_validated() -> None:

@@ -93,7 +93,8 @@ def _open(args: argparse.Namespace) -> tuple[Engine, str]:
 
 def _session_options(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in (("epsilon", args.epsilon), ("delta", args.delta),
-                              ("mechanism", args.mechanism)) if v is not None}
+                              ("mechanism", args.mechanism), ("split", args.split))
+            if v is not None}
 
 
 def cmd_query(args: argparse.Namespace) -> int:
@@ -260,6 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--epsilon", type=float, help="ε for this query (default: the policy's)")
         p.add_argument("--delta", type=float, help="δ for this query (Gaussian)")
         p.add_argument("--mechanism", choices=("laplace", "gaussian"))
+        p.add_argument("--split", help="weights of the aggregates in the ε split, e.g. 1,3 "
+                                       "(default: even over the noisy statistics)")
         p.add_argument("sql", help="one SQL statement")
 
     q = sub.add_parser("query", help="run a query and print noisy answers with their accuracy")

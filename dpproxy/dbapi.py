@@ -115,12 +115,14 @@ _engines = _Engines()
 
 def connect(policy: str | Path, analyst: str, *, epsilon: float | None = None,
             delta: float | None = None, mechanism: str | None = None,
-            confidence: float | None = None) -> Connection:
-    """Open a connection for `analyst` under the policy file; options apply to every query."""
+            confidence: float | None = None, split: str | None = None) -> Connection:
+    """Open a connection for `analyst` under the policy file; options apply to every query
+    (`split`: per-aggregate weights of the budget split, as `SET dpproxy.split` takes)."""
     path = Path(policy).resolve()
     engine = _engines.acquire(path)
     options = {k: v for k, v in (("epsilon", epsilon), ("delta", delta),
-                                 ("mechanism", mechanism), ("confidence", confidence))
+                                 ("mechanism", mechanism), ("confidence", confidence),
+                                 ("split", split))
                if v is not None}
     try:
         session = engine.session(analyst, **options)

@@ -6,9 +6,15 @@ It reads no data and charges nothing.
 from __future__ import annotations
 
 from .accountant import Cost
-from .plan import QueryPlan
+from .analyze import AggregateCall
+from .mechanisms import half_width
+from .plan import QueryPlan, aggregate_epsilons, format_split
 from .quantiles import rank_error
 from .selection import effective_threshold
+
+# Group sizes at which EXPLAIN quotes the expected error of AVG, VAR and STDDEV, whose
+# error shrinks with the group's (unknown, private) count.
+EXAMPLE_COUNTS = (1_000, 100_000)
 
 
 def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -> list[str]:
@@ -19,12 +25,14 @@ def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -
     unit = (f"privacy unit {bound.privacy_unit}: at most {bound.max_groups} group(s) and "
             f"{bound.max_rows} row(s) per group per unit" if bound.privacy_unit
             else "no privacy unit: each row is its own unit")
+    noisy = sum(m.private for m in plan.measurements)
+    split = (f"split evenly over {noisy} noisy statistic(s)" if options.split is None
+             else f"split by aggregate weights {format_split(options.split)} (SET "
+                  f"dpproxy.split) over {noisy} noisy statistic(s)")
     lines = [
         f"DP query on {analysis.table.name} ({unit})",
         f"Cost: ε={cost.epsilon:g}, δ={cost.delta:g} ({options.mechanism}, basic composition, "
-        f"split evenly over {sum(m.private for m in plan.measurements)} "
-        f"noisy statistic(s)"
-        f"{' and partition selection' if plan.selection else ''}); "
+        f"{split}{' and partition selection' if plan.selection else ''}); "
         f"budget left before: ε={remaining.epsilon:.6g}, δ={remaining.delta:.3g}",
     ]
     for join in analysis.joins:
@@ -79,15 +87,49 @@ def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -
             f"{n.mechanism} scale {n.scale:.6g} on a grid of {n.granularity:g}, "
             f"ε={n.epsilon:.6g}{f', δ={n.delta:.3g}' if n.delta else ''}; "
             f"{options.confidence:.0%} ± {m.half_width:.6g}")
-    for agg in analysis.aggregates:
+    for agg, epsilon in zip(analysis.aggregates, aggregate_epsilons(plan), strict=True):
         parts = ", ".join(plan.measurements[i].column for i in agg.statistics)
         lines.append(f"  {agg.sql} from {parts}"
                      + (f", debiased: {agg.rule.mechanism}" if agg.rule.mechanism else "")
                      + (f"; argument bounds [{agg.argument_bounds[0]:g}, "
-                        f"{agg.argument_bounds[1]:g}]" if agg.argument_bounds else ""))
+                        f"{agg.argument_bounds[1]:g}]" if agg.argument_bounds else "")
+                     + aggregate_error(plan, agg, epsilon))
     if rewritten_sql is not None:
         lines.append("Rewritten SQL (a parameter, if any, is a salt drawn afresh per query):")
         lines.append(f"  {rewritten_sql}")
     else:
         lines.append("Reads no private data (public keys only); costs nothing")
     return lines
+
+
+def aggregate_error(plan: QueryPlan, agg: AggregateCall, epsilon: float) -> str:
+    """An aggregate's part of the query's ε (`plan.aggregate_epsilons`) and its expected
+    error, as EXPLAIN prints it.
+
+    The error is the half-width at the plan's confidence for one statistic; for AVG, VAR
+    and STDDEV it depends on the group's count, so it is quoted, to first order, at
+    `EXAMPLE_COUNTS` rows (with the statistics' half-widths at the joint level release
+    uses). The error of a shared statistic follows from its whole ε.
+    """
+    measurements = [plan.measurements[i] for i in agg.statistics]
+    if not any(m.private for m in measurements):
+        return ""
+    noises = [m.noise for m in measurements]
+    share = epsilon / plan.options.epsilon
+    text = f": ε={epsilon:.6g} ({share:.0%} of the query's)"
+    confidence = plan.options.confidence
+    quantile = measurements[0].quantile
+    if len(measurements) == 1 and quantile is not None:
+        return text + (f", {confidence:.0%} rank within ± {rank_error(quantile, confidence):.6g}"
+                       " rows of p·n")
+    if len(noises) == 1 and noises[0] is not None:
+        return text + f", {confidence:.0%} ± {plan.measurements[agg.statistics[0]].half_width:.6g}"
+    if agg.rule.error_at is None or any(n is None for n in noises):
+        return text + f", {confidence:.0%} interval per row"
+    # the level at which release covers every statistic of the aggregate jointly
+    level = 1 - (1 - confidence) / len(noises)
+    halves = [half_width(n, level) for n in noises if n is not None]
+    stats = [plan.analysis.statistics[i] for i in agg.statistics]
+    errors = ", ".join(f"± {agg.rule.error_at(halves, stats, n):.4g} at {n:,} rows"
+                       for n in EXAMPLE_COUNTS)
+    return text + f", {confidence:.0%} about {errors} (interval per row)"

@@ -25,7 +25,13 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Token, TokenType
 
-from .errors import NotSupportedError, PrivacyViolation, ProgrammingError, SyntaxError
+from .errors import (
+    InvalidParameterValue,
+    NotSupportedError,
+    PrivacyViolation,
+    ProgrammingError,
+    SyntaxError,
+)
 
 DIALECT = "postgres"
 StatementKind = Literal["select", "explain", "set", "reset", "show", "transaction", "noop"]
@@ -186,11 +192,47 @@ def _set_statement(text: str) -> Statement:
     item = ast.expressions[0] if isinstance(ast, exp.Set) and ast.expressions else None
     eq = item.this if item is not None else None
     if not isinstance(eq, exp.EQ):
-        return Statement("set", text, tag="SET")
+        return _list_setting(text) or Statement("set", text, tag="SET")
     target, value = eq.this, eq.expression
     name = target.sql(DIALECT).lower().replace('"', "") if isinstance(target, exp.Column | exp.Var
                                                                       | exp.Identifier) else None
     return Statement("set", text, name=name, value=_literal_value(value), tag="SET")
+
+
+def _list_setting(text: str) -> Statement | None:
+    """`SET dpproxy.split = 1, 3` (a list value, as PostgreSQL allows for settings), which
+    sqlglot does not parse: the dpproxy setting with a tuple of its items, so it is applied
+    or refused, never dropped as a client setting.
+
+    >>> _list_setting("SET dpproxy.split TO 1, 2.5").value
+    ('1', '2.5')
+    """
+    try:
+        tokens = sqlglot.Dialect.get_or_raise(DIALECT).tokenize(text)
+    except TokenError:
+        return None
+    words = [t.text.lower() for t in tokens[:5]]
+    if len(tokens) < 6 or words[0] != "set" or words[1:3] != ["dpproxy", "."] \
+            or tokens[3].token_type != TokenType.VAR or words[4] not in ("=", "to"):
+        return None
+    name = f"dpproxy.{words[3]}"
+    items: list[str] = []
+    sign, expect_item = "", True
+    for token in tokens[5:]:
+        if expect_item and not sign and token.token_type == TokenType.DASH:
+            sign = "-"
+            continue
+        if expect_item and token.token_type in (TokenType.NUMBER, TokenType.STRING):
+            items.append(sign + token.text)
+        elif expect_item or token.token_type != TokenType.COMMA:
+            break
+        sign, expect_item = "", not expect_item
+    else:
+        if not expect_item:
+            return Statement("set", text, name=name, value=tuple(items), tag="SET")
+    # a dpproxy setting is applied or refused, never mistaken for a client one
+    raise InvalidParameterValue(f"invalid value for {name}",
+                                hint="a number, a quoted string, or a list of them")
 
 
 def _literal_value(node: exp.Expression) -> Any:

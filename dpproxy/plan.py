@@ -43,8 +43,16 @@ class QueryOptions:
     mechanism: Mechanism
     confidence: float = 0.95
     min_units_per_group: int = 0  # extra floor for partition selection
+    # Relative weights of the query's aggregates in the ε/δ split (see `budget_fractions`);
+    # None: split evenly over the noisy statistics.
+    split: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.split is not None and not (
+                self.split and all(math.isfinite(w) and w > 0 for w in self.split)):
+            raise InvalidParameterValue(
+                f"dpproxy.split weights must be positive finite numbers, got "
+                f"{format_split(self.split) or 'none'}", hint=SPLIT_HINT)
         if not (math.isfinite(self.epsilon) and self.epsilon > 0):
             raise InvalidParameterValue(f"epsilon must be a positive number, got {self.epsilon}")
         if not (0 <= self.delta < 1):
@@ -60,6 +68,43 @@ class QueryOptions:
             raise InvalidParameterValue(
                 f"min_units_per_group must be a non-negative integer, got "
                 f"{self.min_units_per_group}")
+
+
+SPLIT_HINT = ("one positive weight per aggregate, in the order the aggregates first appear "
+              "(select list, then HAVING, then ORDER BY), e.g. SET dpproxy.split = '1,3'; "
+              "RESET dpproxy.split splits evenly")
+
+
+def parse_split(value: object) -> tuple[float, ...] | None:
+    """The weights of `SET dpproxy.split = '…'`: comma-separated numbers, or None (even split)
+    for NULL, '', 'even' or 'default'.
+
+    >>> parse_split("1, 3")
+    (1.0, 3.0)
+    >>> parse_split("even") is None
+    True
+    """
+    if value is None:
+        return None
+    if isinstance(value, tuple | list):
+        parts = [str(v) for v in value]
+    else:
+        text = str(value).strip()
+        if text.lower() in ("", "even", "default"):
+            return None
+        parts = text.split(",")
+    try:
+        weights = tuple(float(part) for part in parts)
+    except ValueError:
+        raise InvalidParameterValue(f"invalid value for dpproxy.split: {value!r}",
+                                    hint=SPLIT_HINT) from None
+    QueryOptions(1.0, 0.0, "laplace", split=weights)  # validates the weights
+    return weights
+
+
+def format_split(split: tuple[float, ...] | None) -> str:
+    """How SHOW prints a split: 'even', or the weights as SET takes them."""
+    return "even" if split is None else ",".join(f"{w:g}" for w in split)
 
 
 @dataclass(frozen=True)
@@ -154,18 +199,84 @@ def statistic_sensitivity(statistic: Statistic, bound: ContributionBound, mechan
     return groups * per_group
 
 
+def budget_fractions(analysis: Analysis, split: tuple[float, ...] | None) -> list[float]:
+    """Each statistic's fraction of the query's ε (and Gaussian δ); exact statistics get 0.
+
+    Partition selection, when the query has it, keeps one even share, 1/(noisy statistics
+    + 1), whatever the split. Even split: every noisy statistic gets that same share. With
+    weights (one per aggregate, in `analysis.aggregates` order), the rest is divided in
+    proportion to them; an aggregate's weight is divided evenly over its noisy statistics,
+    and a statistic two aggregates share (AVG and VAR_POP of one column share the sum and
+    the count) adds up its parts. The fractions sum to 1, so the cost is the same.
+    """
+    noisy = [not s.exact for s in analysis.statistics]
+    selecting = not analysis.public_groups
+    shares = sum(noisy) + (1 if selecting else 0)
+    if split is None:
+        return [1 / shares if n else 0.0 for n in noisy]
+    aggregates = analysis.aggregates
+    if len(split) != len(aggregates):
+        listed = ", ".join(a.sql for a in aggregates) or "none"
+        raise InvalidParameterValue(
+            f"dpproxy.split has {len(split)} weight(s) but the query has {len(aggregates)} "
+            f"aggregate(s): {listed}",
+            hint=f"give {len(aggregates)} weight(s): {SPLIT_HINT}")
+    weights = [0.0 for _ in noisy]
+    for aggregate, weight in zip(aggregates, split, strict=True):
+        own = sorted({i for i in aggregate.statistics if noisy[i]})
+        for i in own:  # an aggregate of exact statistics only costs nothing: no share
+            weights[i] += weight / len(own)
+    total = sum(weights)
+    if total == 0:
+        return [0.0 for _ in noisy]
+    left = 1 - (1 / shares if selecting else 0.0)
+    return [w / total * left for w in weights]
+
+
+def aggregate_epsilons(plan: QueryPlan) -> list[float]:
+    """Each aggregate's part of the query's ε, for EXPLAIN: a statistic's ε is divided among
+    the aggregates that use it in proportion to weight / (its noisy statistics), weight 1
+    under the even split. With weights, part / ε is each weight's fraction of their sum
+    (less partition selection's share); the parts never add up to more than ε."""
+    analysis = plan.analysis
+    split = plan.options.split or tuple(1.0 for _ in analysis.aggregates)
+    noisy = [m.private for m in plan.measurements]
+    claims: list[list[tuple[int, float]]] = [[] for _ in noisy]
+    for a, (aggregate, weight) in enumerate(zip(analysis.aggregates, split, strict=True)):
+        own = sorted({i for i in aggregate.statistics if noisy[i]})
+        for i in own:
+            claims[i].append((a, weight / len(own)))
+    parts = [0.0 for _ in analysis.aggregates]
+    for measurement, statistic_claims in zip(plan.measurements, claims, strict=True):
+        spent = (measurement.noise.epsilon if measurement.noise is not None
+                 else measurement.quantile.epsilon if measurement.quantile is not None
+                 else 0.0)
+        if not spent:
+            continue
+        total = sum(c for _, c in statistic_claims)
+        for a, c in statistic_claims:
+            parts[a] += spent * c / total
+    return parts
+
+
 def plan_query(analysis: Analysis, options: QueryOptions) -> QueryPlan:
-    """Split the query's budget evenly over its statistics (and partition selection, when
-    group keys are private) and calibrate each one's noise."""
+    """Split the query's budget over its statistics — evenly, or by the aggregate weights of
+    `options.split` (`budget_fractions`) — and partition selection, when group keys are
+    private, and calibrate each one's noise."""
     bound = contribution_bound(analysis)
     selecting = not analysis.public_groups
     shares = sum(not s.exact for s in analysis.statistics) + (1 if selecting else 0)
+    fractions = budget_fractions(analysis, options.split)
     measurements = []
     for index, statistic in enumerate(analysis.statistics):
         if statistic.exact:  # already private (local DP): computed, not noised, not charged
             measurements.append(Measurement(f"m{index}", statistic, 0.0, None, 0.0))
             continue
-        epsilon = options.epsilon / shares
+        if options.split is None:  # (divided, not multiplied: exactly the even share)
+            epsilon, delta = options.epsilon / shares, options.delta / shares
+        else:
+            epsilon, delta = (options.epsilon * fractions[index],
+                              options.delta * fractions[index])
         if statistic.kind == "quantile":
             assert statistic.quantile is not None
             spec = QuantileSpec(statistic.quantile, epsilon, bound.max_groups, bound.max_rows,
@@ -175,7 +286,8 @@ def plan_query(analysis: Analysis, options: QueryOptions) -> QueryPlan:
                                             None, 0.0, spec))
             continue
         sensitivity = statistic_sensitivity(statistic, bound, options.mechanism)
-        delta = options.delta / shares if options.mechanism == "gaussian" else 0.0
+        if options.mechanism != "gaussian":
+            delta = 0.0
         if sensitivity == 0:
             # A sum of a constant zero: nothing about any unit is in it. Noise it anyway at
             # the smallest grid so every output is produced the same way.

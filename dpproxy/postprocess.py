@@ -67,6 +67,10 @@ def output_name(item: exp.Expression) -> str:
         return inner if inner != "?column?" else _PG_TYPE_NAMES.get(item.to.this, inner)
     if isinstance(item, exp.Count | exp.Sum | exp.Avg | exp.Min | exp.Max):
         return item.key.lower()
+    if isinstance(item, exp.VariancePop):
+        return "var_pop"
+    if isinstance(item, exp.Variance):  # VAR_SAMP; sqlglot reads VARIANCE as the same node
+        return "var_samp"
     if isinstance(item, exp.Anonymous):
         return item.name.lower()
     if isinstance(item, exp.DateTrunc | exp.TimestampTrunc):

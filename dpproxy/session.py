@@ -32,14 +32,14 @@ from .analyze import Analysis, ConstantQuery, analyze
 from .audit import AuditLog, AuditRecord
 from .backends import Backend, open_backend
 from .parse import Parameters, Statement, parse_statements
-from .plan import QueryOptions, QueryPlan, plan_query
+from .plan import QueryOptions, QueryPlan, format_split, parse_split, plan_query
 from .policy import AnalystPolicy, Policy, env_password, load_policy
 from .postprocess import evaluate
 from .release import ColumnAccuracy, Interval, Released, release
 from .rewrite import Rewritten, rewrite
 
 OPTION_PREFIX = "dpproxy."
-OPTIONS = ("epsilon", "delta", "mechanism", "confidence", "min_units_per_group")
+OPTIONS = ("epsilon", "delta", "mechanism", "confidence", "min_units_per_group", "split")
 REWRITE_CACHE_SIZE = 1024
 CACHE_WAIT_S = 30.0  # how long a repeat waits for the first answer still being computed
 # queries_left_like_last: how many more queries shaped like the session's last charged one
@@ -193,6 +193,9 @@ class Session:
             raise errors.UndefinedObject(f"unrecognized configuration parameter "
                                          f"\"{OPTION_PREFIX}{key}\"",
                                          hint=f"dpproxy options: {', '.join(OPTIONS)}")
+        if key == "split":  # per-aggregate weights of the ε/δ split (plan.budget_fractions)
+            self.options = replace(self.options, split=parse_split(value))
+            return
         try:
             typed: Any = str(value).lower() if key == "mechanism" else float(value)
         except (TypeError, ValueError):
@@ -210,6 +213,8 @@ class Session:
         self.options = replace(self.options, **{key: typed})
 
     def show_option(self, key: str) -> str:
+        if key == "split":
+            return format_split(self.options.split)
         return str(getattr(self.options, key))
 
     # execution ------------------------------------------------------------------------------

@@ -46,7 +46,14 @@ from ..postprocess import (
     output_name,
     refer_to_aggregates,
 )
-from .aggregates import RULES, SUPPORTED_HELP, AggregateRule, Statistic, quantile_rule
+from .aggregates import (
+    RULES,
+    SUPPORTED_HELP,
+    VARIANCE_RULES,
+    AggregateRule,
+    Statistic,
+    quantile_rule,
+)
 from .expressions import (
     ExprType,
     Resolver,
@@ -490,6 +497,14 @@ def _clamp_hint(function: str, arg: exp.Expression, t: ExprType) -> str:
             "column in the policy")
 
 
+# PostgreSQL's VARIANCE and STDDEV are the sample forms (sqlglot parses VARIANCE as
+# VAR_SAMP).
+_VARIANCE_FUNCTIONS: dict[type[exp.Expression], str] = {
+    exp.VariancePop: "var_pop", exp.Variance: "var_samp", exp.StddevPop: "stddev_pop",
+    exp.StddevSamp: "stddev_samp", exp.Stddev: "stddev_samp",
+}
+
+
 def _aggregate_parts(node: exp.AggFunc, table: TablePolicy
                      ) -> tuple[str, exp.Expression | None]:
     """The rule name and the row-expression argument of an aggregate call."""
@@ -505,7 +520,10 @@ def _aggregate_parts(node: exp.AggFunc, table: TablePolicy
             raise NotSupportedError(
                 f"{node.sql('postgres')}: COUNT(DISTINCT …) is supported only over the privacy "
                 f"unit ({table.privacy_unit or 'this table has none'})",
-                hint="a distinct count of another column has no bound on what one unit adds")
+                hint=(f"count units with COUNT(DISTINCT {table.privacy_unit}), "
+                      if table.privacy_unit else "")
+                + "or GROUP BY the column (when its values are public) and COUNT(*) per "
+                  "group; a distinct count of another column is not measured yet")
         return "count", arg
     if isinstance(node, exp.Sum | exp.Avg):
         if isinstance(arg, exp.Distinct):
@@ -518,6 +536,13 @@ def _aggregate_parts(node: exp.AggFunc, table: TablePolicy
             f"{node.sql('postgres')}: PERCENTILE_DISC returns a value of some row, which no "
             "noise can protect", hint="use PERCENTILE_CONT(p) WITHIN GROUP (ORDER BY …), a "
                                       "differentially private estimate of the same quantile")
+    variance = _VARIANCE_FUNCTIONS.get(type(node))
+    if variance is not None:
+        if isinstance(arg, exp.Distinct):
+            raise NotSupportedError(
+                f"{variance.upper()}(DISTINCT …) is not supported",
+                hint=f"{variance.upper()} over all rows is; duplicates are part of the spread")
+        return variance, arg
     raise NotSupportedError(f"aggregate {node.sql_name()} is not supported",
                             hint=f"supported aggregates: {SUPPORTED_HELP}")
 
@@ -588,7 +613,8 @@ def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolve
             bounds = None
             if arg is not None:
                 arg_type = type_row_expression(arg, resolve)
-                if rule_name in ("sum", "avg") or rule.exponential:
+                if rule_name in ("sum", "avg") or rule_name in VARIANCE_RULES \
+                        or rule.exponential:
                     name = node.sql_name() if rule.exponential else rule_name.upper()
                     if arg_type.kind not in ("num", "null"):
                         raise DatatypeMismatch(f"{name} needs a number, got "

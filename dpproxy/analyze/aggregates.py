@@ -96,6 +96,10 @@ class AggregateRule:
     mechanism: str | None = None
     # Released by the exponential mechanism (quantiles): no value interval, a rank bound.
     exponential: bool = False
+    # For rules over several statistics, whose error depends on the group's count n: the
+    # statistics' half-widths and n -> a first-order half-width of the value in a group of
+    # n rows (EXPLAIN's expected error; the released interval is the rigorous one).
+    error_at: Callable[[Values, Stats, float], float] | None = None
 
 
 def _clip(value: float, bounds: Interval) -> float:
@@ -184,6 +188,124 @@ def quantile_rule(quantile: Fraction) -> AggregateRule:
 
 def _quantile_integer(s: Statistic) -> bool:
     return binning_for(s.lower, s.upper, s.integer_valued).integer_points
+def _variance_statistics(arg: exp.Expression | None, t: ExprType | None) -> list[Statistic]:
+    """Count n, centred sum S1 = Σ(x − c) and centred sum of squares S2 = Σ(x − c)².
+
+    S1 and n are AVG's statistics (an AVG of the same argument measures them once). S2 is a
+    plain "sum" over the row expression (x − c)², clamped to [0, h²] with h = (upper −
+    lower)/2, rather than a new statistic kind: because c is the midpoint of [lower,
+    upper], clamping the square gives exactly the square of the clamped value,
+    min((x − c)², h²) = (clamp(x, lower, upper) − c)², so the rewrite, sensitivity (h² per
+    row) and noise of sums apply unchanged.
+    """
+    assert arg is not None and t is not None
+    center = (t.lower + t.upper) / 2
+    half = (t.upper - t.lower) / 2
+    integer = t.integer and float(center).is_integer()
+    centred = _centred(arg, center)
+    square = exp.Mul(this=exp.Paren(this=centred), expression=exp.Paren(this=centred.copy()))
+    return [Statistic("sum", arg, t.lower, t.upper, center, integer),
+            Statistic("count", arg),
+            Statistic("sum", square, 0.0, half * half, 0.0, integer)]
+
+
+def _centred(arg: exp.Expression, center: float) -> exp.Expression:
+    if center == 0:
+        return arg.copy()
+    offset = exp.Literal.number(abs(center))
+    if center < 0:
+        return exp.Add(this=arg.copy(), expression=offset)
+    return exp.Sub(this=arg.copy(), expression=offset)
+
+
+# Below this noisy count the statistics say nothing usable about the spread; the value is
+# then the variance of a uniform distribution over the bounds, h²/3 (h = (upper − lower)/2),
+# which is what the bounds alone suggest (as AVG falls back to the midpoint).
+MIN_VARIANCE_COUNT = 2.0
+
+
+def _half_range(stats: Stats) -> float:
+    return (stats[0].upper - stats[0].lower) / 2
+
+
+def _variance_value(values: Values, stats: Stats, sample: bool) -> float:
+    noisy_s1, noisy_count, noisy_s2 = values
+    half = _half_range(stats)
+    if noisy_count < MIN_VARIANCE_COUNT:
+        return half * half / 3
+    mean = _clip(noisy_s1 / noisy_count, (-half, half))  # centred: |mean| <= h
+    variance = _clip(noisy_s2 / noisy_count - mean * mean, (0.0, half * half))
+    return variance * noisy_count / (noisy_count - 1) if sample else variance
+
+
+def _variance_interval(values: Values, half_widths: Values, stats: Stats, sample: bool
+                       ) -> Interval:
+    """Every (S1, n, S2) inside the three intervals gives a variance inside this one."""
+    noisy_s1, noisy_count, noisy_s2 = values
+    h1, hn, h2 = half_widths[:3]
+    half = _half_range(stats)
+    top = _variance_range(stats, sample)[1]
+    count_low, count_high = noisy_count - hn, noisy_count + hn
+    if count_low < MIN_VARIANCE_COUNT:
+        return (0.0, top)
+    squares_low, squares_high = max(noisy_s2 - h2, 0.0), max(noisy_s2 + h2, 0.0)
+    means = [_clip((noisy_s1 + d) / c, (-half, half)) for d in (-h1, h1)
+             for c in (count_low, count_high)]
+    mean_low, mean_high = min(means), max(means)
+    square_high = max(mean_low ** 2, mean_high ** 2)
+    square_low = 0.0 if mean_low <= 0 <= mean_high else min(mean_low ** 2, mean_high ** 2)
+    low = _clip(squares_low / count_high - square_high, (0.0, half * half))
+    high = _clip(squares_high / count_low - square_low, (0.0, half * half))
+    if sample:  # n/(n − 1) falls as n grows
+        low, high = low * count_high / (count_high - 1), high * count_low / (count_low - 1)
+    return (low, high)
+
+
+def _variance_range(stats: Stats, sample: bool) -> Interval:
+    # n values in [lower, upper] have population variance at most h²; the sample variance
+    # is at most h²·n/(n − 1), which is largest (2h²) for n = 2.
+    half = _half_range(stats)
+    return (0.0, (2.0 if sample else 1.0) * half * half)
+
+
+def _variance_rule(name: str, sample: bool, root: bool) -> AggregateRule:
+    """VAR_POP, VAR_SAMP, STDDEV_POP or STDDEV_SAMP from (S1, n, S2): var_pop = S2/n −
+    (S1/n)², clipped to [0, h²]; var_samp = var_pop·n/(n − 1); stddev = √variance."""
+    def value(values: Values, stats: Stats) -> float:
+        variance = _variance_value(values, stats, sample)
+        return math.sqrt(variance) if root else variance
+
+    def bounds(values: Values, half_widths: Values, stats: Stats) -> Interval:
+        low, high = _variance_interval(values, half_widths, stats, sample)
+        return (math.sqrt(low), math.sqrt(high)) if root else (low, high)
+
+    def value_range(stats: Stats) -> Interval:
+        low, high = _variance_range(stats, sample)
+        return (math.sqrt(low), math.sqrt(high)) if root else (low, high)
+
+    def error_at(half_widths: Values, stats: Stats, count: float) -> float:
+        return _variance_error(half_widths, stats, count, sample, root)
+
+    return AggregateRule(name, _variance_statistics, value, bounds, value_range,
+                         lambda stats: False, error_at=error_at)
+
+
+def _avg_error(half_widths: Values, stats: Stats, count: float) -> float:
+    # mean = c + S1/n: |Δ| <= (|ΔS1| + |S1/n|·|Δn|)/n to first order, and |S1/n| <= h
+    return (half_widths[0] + _half_range(stats) * half_widths[1]) / count
+
+
+def _variance_error(half_widths: Values, stats: Stats, count: float, sample: bool,
+                    root: bool) -> float:
+    # v = S2/n − (S1/n)²: |∂v/∂S2| = 1/n, |∂v/∂S1| = 2|S1/n|/n <= 2h/n and
+    # |∂v/∂n| = |2(S1/n)² − S2/n|/n <= 2h²/n; |√a − √b| <= √|a − b| for the root
+    h1, hn, h2 = half_widths[:3]
+    half = _half_range(stats)
+    error = (h2 + 2 * half * h1 + 2 * half * half * hn) / count
+    if sample:
+        error *= count / (count - 1)
+    error = min(error, _variance_range(stats, sample)[1])
+    return math.sqrt(error) if root else error
 
 
 RULES: dict[str, AggregateRule] = {
@@ -192,17 +314,23 @@ RULES: dict[str, AggregateRule] = {
     "sum": AggregateRule("sum", _sum_statistics, _single, _single_interval, _sum_range,
                          lambda stats: stats[0].integer_valued),
     "avg": AggregateRule("avg", _avg_statistics, _avg_value, _avg_interval,
-                         lambda stats: (stats[0].lower, stats[0].upper), lambda stats: False),
+                         lambda stats: (stats[0].lower, stats[0].upper), lambda stats: False,
+                         error_at=_avg_error),
     "count_units": AggregateRule("count_units", _units_statistics, _single, _single_interval,
                                  _nonnegative, lambda stats: True),
     "median": quantile_rule(Fraction(1, 2)),
     "min": quantile_rule(Fraction(0)),
     "max": quantile_rule(Fraction(1)),
+    "var_pop": _variance_rule("var_pop", sample=False, root=False),
+    "var_samp": _variance_rule("var_samp", sample=True, root=False),
+    "stddev_pop": _variance_rule("stddev_pop", sample=False, root=True),
+    "stddev_samp": _variance_rule("stddev_samp", sample=True, root=True),
 }
+VARIANCE_RULES = ("var_pop", "var_samp", "stddev_pop", "stddev_samp")
 
 SUPPORTED_HELP = ("COUNT(*), COUNT(expr), COUNT(DISTINCT <privacy unit>), SUM(expr), AVG(expr), "
                   "MEDIAN(expr), PERCENTILE_CONT(p) WITHIN GROUP (ORDER BY expr), MIN(expr), "
-                  "MAX(expr)")
+                  "MAX(expr), VAR_POP, VAR_SAMP (VARIANCE), STDDEV_POP, STDDEV_SAMP (STDDEV)")
 
 
 def combine(rule: AggregateRule, values: Values, stats: Stats) -> float:

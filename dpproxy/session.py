@@ -12,6 +12,7 @@ import json
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,20 @@ def _result_from_json(text: str) -> Result:
         [tuple(tuple(i) if i is not None else None for i in row) for row in data["intervals"]])
 
 
+def _typed_parameters(params: Parameters) -> list[Any]:
+    """Parameters as JSON that keeps their types apart (1, 1.0, '1' and True differ).
+
+    >>> _typed_parameters([1, 1.0, "1", True, None])
+    [['int', '1'], ['float', '1.0'], ['str', "'1'"], ['bool', 'True'], ['NoneType', 'None']]
+    """
+    if params is None:
+        return []
+    items = sorted(params.items()) if isinstance(params, Mapping) else enumerate(params)
+    return [[type(v).__name__, repr(v)] if isinstance(k, int) else [k, type(v).__name__,
+                                                                    repr(v)]
+            for k, v in items]
+
+
 def analyst_account(name: str) -> str:
     return f"analyst:{name}"
 
@@ -132,6 +147,23 @@ class Engine:
         self._closed = False
         self._lock = threading.Lock()
         self._rewrites: OrderedDict[str, Rewritten] = OrderedDict()
+        self._templates: OrderedDict[str, str] = OrderedDict()  # statement text → key SQL
+
+    def normalized_template(self, statement: Statement) -> str:
+        """The statement's query before binding, identifiers normalized, as SQL text."""
+        template = statement.template if statement.template is not None else statement.ast
+        assert template is not None
+        with self._lock:
+            cached = self._templates.get(statement.text)
+            if cached is not None:
+                self._templates.move_to_end(statement.text)
+                return cached
+        normalized = normalize_identifiers(template.copy(), dialect="postgres").sql("postgres")
+        with self._lock:
+            self._templates[statement.text] = normalized
+            if len(self._templates) > REWRITE_CACHE_SIZE:
+                self._templates.popitem(last=False)
+        return normalized
 
     def rewritten(self, plan: QueryPlan) -> Rewritten:
         """The backend statement for a plan, cached by normalized query: it depends only on
@@ -342,11 +374,14 @@ class Session:
         return result
 
     def _cache_key(self, statement: Statement, plan: QueryPlan) -> str:
-        """Same normalized query, options, policy version and data: same key."""
+        """Same normalized query, options, policy version and data: same key. The query is
+        its normalized template (before binding, computed once per text) and the typed
+        values bound into it: binding is deterministic, so equal keys mean equal queries."""
         assert statement.ast is not None
-        normalized = normalize_identifiers(statement.ast.copy(), dialect="postgres")
-        parts = [normalized.sql("postgres"), asdict(plan.options), self.engine.policy.version,
-                 self.engine.backend.data_version(), self.engine.ledger.accounting]
+        parts = [self.engine.normalized_template(statement),
+                 _typed_parameters(statement.params), asdict(plan.options),
+                 self.engine.policy.version, self.engine.backend.data_version(),
+                 self.engine.ledger.accounting]
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
     def _wait_for_answer(self, key: str) -> str | None:

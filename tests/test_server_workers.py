@@ -20,8 +20,10 @@ import psycopg
 import pytest
 
 from dpproxy.accountant import Ledger
+from dpproxy.errors import InvalidParameterValue
 from dpproxy.policy import load_policy
 from dpproxy.server.server import pid_owner
+from dpproxy.server.workers import parse_workers
 
 from .test_server_support import PASSWORD
 
@@ -231,3 +233,29 @@ def test_sigterm_drains_every_worker(workers: Callable[..., Workers]) -> None:
     with Ledger(load_policy(served.policy).ledger_path, {}) as ledger:
         # no released answer without its charge
         assert len(ledger.history("analyst:alice", limit=10**6)) >= len(released)
+
+
+def test_workers_stop_when_their_parent_is_killed(workers: Callable[..., Workers]) -> None:
+    served = workers()
+    with psycopg.connect(served.dsn(), autocommit=True) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    served.process.send_signal(signal.SIGKILL)
+    served.process.wait(timeout=30)
+    # the kernel tells each worker (SIGTERM): they shut down and stop listening
+    assert served.wait_for_log(lambda log: sum("server stopped" in line for line in log) == 2)
+    for _ in range(300):  # bounded: both listening sockets close as the workers exit
+        try:
+            socket.create_connection(("127.0.0.1", served.port), timeout=5).close()
+        except OSError:
+            break
+        threading.Event().wait(0.1)
+    else:
+        pytest.fail("a worker kept listening after its parent was killed")
+
+
+def test_workers_argument() -> None:
+    assert parse_workers("3") == 3
+    assert parse_workers("auto") == (os.cpu_count() or 1)  # Linux: one per core
+    for bad in ("0", "128", "two", ""):
+        with pytest.raises(InvalidParameterValue, match="--workers must be 1 to 127 or auto"):
+            parse_workers(bad)

@@ -29,9 +29,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     s.add_argument("--tls-key", type=Path, help="TLS private key (PEM)")
     s.add_argument("--log-level", default="INFO",
                    choices=("DEBUG", "INFO", "WARNING", "ERROR"))
-    s.add_argument("--workers", type=int, default=None,
-                   help="server processes sharing the port and the ledger (default: one per "
-                        "core on Linux, else 1)")
+    s.add_argument("--workers", default="1",
+                   help="server processes sharing the port and the ledger: a number, or "
+                        "auto for one per core on Linux (default: 1)")
     s.set_defaults(func=cmd_serve)
 
     a = sub.add_parser("analyst", help="analyst accounts")
@@ -85,11 +85,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         ensure_demo(backend.path, seed=backend.demo_seed,
                     progress=lambda message: print(f"demo: {message}", file=sys.stderr))
-    from .workers import default_workers, serve_workers
+    from .workers import parse_workers, serve_workers
 
-    workers = default_workers() if args.workers is None else args.workers
-    if workers < 1:
-        raise errors.InvalidParameterValue("--workers must be at least 1")
+    workers = parse_workers(args.workers)
     if workers > 1:
         Engine(policy).close()  # the ledger and backend open (and are created) before workers
         return serve_workers(policy.path, settings, workers,

@@ -16,7 +16,9 @@ SO_REUSEPORT, so the kernel spreads connections among them. What they share:
 * one cancel queue per worker: BackendKeyData process ids carry the owning worker's
   index, and a CancelRequest reaching another worker is put on the owner's queue.
 
-Rewrite and parse caches stay per process.
+Rewrite and parse caches stay per process. A worker whose parent dies (even by
+SIGKILL) gets SIGTERM from the kernel and shuts down gracefully: no orphan goes on
+serving, and charging, on a port nobody supervises.
 """
 
 from __future__ import annotations
@@ -44,11 +46,25 @@ _ctx = multiprocessing.get_context("spawn")
 READY_TIMEOUT_S = 120.0  # bound on a worker's start (imports, DuckDB, ledger)
 
 
-def default_workers() -> int:
-    """One worker per core where SO_REUSEPORT spreads connections (Linux), else one."""
+def auto_workers() -> int:
+    """`--workers auto`: one worker per core where SO_REUSEPORT spreads connections
+    (Linux), else one."""
     if not sys.platform.startswith("linux") or not hasattr(socket, "SO_REUSEPORT"):
         return 1
     return max(1, os.cpu_count() or 1)
+
+
+def parse_workers(value: str) -> int:
+    """The --workers argument: a positive number or "auto"."""
+    if value.strip().lower() == "auto":
+        return auto_workers()
+    try:
+        workers = int(value)
+    except ValueError:
+        workers = 0
+    if not 1 <= workers <= 127:  # the index must fit a process id's top byte
+        raise errors.InvalidParameterValue(f"--workers must be 1 to 127 or auto, got {value!r}")
+    return workers
 
 
 @dataclass
@@ -94,10 +110,25 @@ def _reserve_port(host: str, port: int) -> tuple[socket.socket, int]:
     return sock, sock.getsockname()[1]
 
 
+def _die_with_parent(parent: int) -> None:
+    """Ask the kernel for SIGTERM when the parent exits (Linux); exit if it already has."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        log.warning("cannot tie the worker's life to its parent's")
+    if os.getppid() != parent:  # the parent died before the request took effect
+        sys.exit(1)
+
+
 def _worker_main(policy_path: Path, settings: ServerSettings, shared: WorkerShared,
-                 ready: Any, log_level: int) -> None:
+                 ready: Any, log_level: int, parent: int) -> None:
     """A worker process: its own engine and asyncio server until SIGTERM or SIGINT."""
     import asyncio
+
+    _die_with_parent(parent)
 
     from ..session import Engine
     from .server import Server
@@ -134,8 +165,6 @@ def serve_workers(policy_path: Path, settings: ServerSettings, workers: int,
                   announce: Any = None) -> int:
     """Run `workers` server processes on one port until SIGTERM or SIGINT; returns the exit
     status (0 when every worker stopped cleanly). `announce(port)` once all listen."""
-    if workers > 127:  # the index must fit a process id's top byte
-        raise errors.InvalidParameterValue("at most 127 workers")
     reserved, port = _reserve_port(settings.host, settings.port)
     settings = replace(settings, port=port)
     counts = _ctx.Array("i", workers)
@@ -151,7 +180,8 @@ def serve_workers(policy_path: Path, settings: ServerSettings, workers: int,
             counts[index] = 0  # a dead worker's connections died with it
         process = _ctx.Process(target=_worker_main, name=f"dpproxy-worker-{index}",
                                args=(policy_path, settings,
-                                     WorkerShared(index, counts, queues), ready, level))
+                                     WorkerShared(index, counts, queues), ready, level,
+                                     os.getpid()))
         process.start()
         return process
 
@@ -190,4 +220,4 @@ def serve_workers(policy_path: Path, settings: ServerSettings, workers: int,
     return 0 if all(p.exitcode == 0 for p in processes) else 1
 
 
-__all__ = ["WorkerShared", "default_workers", "pid_owner", "serve_workers"]
+__all__ = ["WorkerShared", "auto_workers", "parse_workers", "pid_owner", "serve_workers"]

@@ -289,6 +289,8 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     if key_refs:
         outer = outer.group_by(*(k.copy() for k in key_refs), copy=False)
     salted = unit is not None and bool(analysis.keys)
-    return Rewritten(outer.sql(dialect=dialect), key_names,
+    # The tree was built for this call alone: the generator may transform it in place
+    # (copy=False spares a deep copy of the whole statement, a tenth of a query's CPU).
+    return Rewritten(outer.sql(dialect=dialect, copy=False), key_names,
                      tuple(m.column for m in plan.measurements), salted)
 

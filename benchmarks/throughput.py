@@ -83,9 +83,11 @@ def benchmark_policy(folder: Path, name: str) -> Path:
 # A/B variants: (name, --workers, environment switches)
 VARIANTS: list[tuple[str, str, dict[str, str]]] = [
     ("before: 1 worker, fsync'd answers, no group commit, no parse cache", "1",
-     {"DPPROXY_LEDGER_FAST_COMMITS": "off", "DPPROXY_PARSE_CACHE": "off"}),
-    ("+ parse cache", "1", {"DPPROXY_LEDGER_FAST_COMMITS": "off"}),
-    ("+ group commit, fsync-free answers (1 worker)", "1", {}),
+     {"DPPROXY_LEDGER_FAST_COMMITS": "off", "DPPROXY_PARSE_CACHE": "off",
+      "DPPROXY_FAST_REPEATS": "off"}),
+    ("+ parse cache", "1", {"DPPROXY_LEDGER_FAST_COMMITS": "off",
+                            "DPPROXY_FAST_REPEATS": "off"}),
+    ("+ group commit, fsync-free answers, repeats looked up first (1 worker)", "1", {}),
     ("+ worker processes, one per core (all on)", "auto", {}),
 ]
 
@@ -249,6 +251,23 @@ def measure(path: str, connect: Callable[[], Any], counts: list[int], seconds: f
             print(path, into[-1], flush=True)
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) used so far by a process and its live descendants, from
+    /proc (Linux; 0 elsewhere): the server's cost per query, whatever else runs."""
+    total, todo = 0.0, [pid]
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    while todo:
+        current = todo.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
 def measure_ab(folder: Path, clients: int, seconds: float, into: list[dict[str, Any]]
                ) -> None:
     """The distinct mix at `clients` through each variant's server, twice in alternation
@@ -260,9 +279,14 @@ def measure_ab(folder: Path, clients: int, seconds: float, into: list[dict[str, 
                                          workers, env)
             dsn = f"host=127.0.0.1 port={port} user=alice dbname=demo password={PASSWORD}"
             try:
-                runs[name].append(run_clients(clients, seconds,
-                                              lambda dsn=dsn: psycopg.connect(dsn, autocommit=True),
-                                              thresholds("distinct")))
+                before = cpu_seconds(process.pid)
+                run = run_clients(clients, seconds,
+                                  lambda dsn=dsn: psycopg.connect(dsn, autocommit=True),
+                                  thresholds("distinct"))
+                used = cpu_seconds(process.pid) - before
+                run["server_cpu_ms_per_query"] = round(1000 * used / max(run["queries"], 1),
+                                                       2)
+                runs[name].append(run)
             finally:
                 process.send_signal(signal.SIGTERM)
                 process.wait(timeout=60)
@@ -276,6 +300,8 @@ def measure_ab(folder: Path, clients: int, seconds: float, into: list[dict[str, 
                      "rounds_queries_per_s": [r["queries_per_s"] for r in both],
                      "p50_ms_rounds": [r["p50_ms"] for r in both],
                      "p99_ms_rounds": [r["p99_ms"] for r in both],
+                     "server_cpu_ms_per_query": round(
+                         statistics.mean(r["server_cpu_ms_per_query"] for r in both), 2),
                      "failures": sum(r["failures"] for r in both)})
 
 
@@ -315,12 +341,13 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["", f"A/B, distinct mix, {results['ab'][0]['clients']} clients, measured "
                       "side by side in this run (two alternating rounds each):", "",
                   "| server | queries/s | rounds | p50 (ms) per round | p99 (ms) per round "
-                  "| × before |", "|---|---|---|---|---|---|"]
+                  "| server CPU ms/query | × before |", "|---|---|---|---|---|---|---|"]
         for row in results["ab"]:
             lines.append(f"| {row['variant']} | {row['queries_per_s']:,.0f} | "
                          f"{', '.join(f'{q:,.0f}' for q in row['rounds_queries_per_s'])} | "
                          f"{', '.join(str(v) for v in row['p50_ms_rounds'])} | "
                          f"{', '.join(str(v) for v in row['p99_ms_rounds'])} | "
+                         f"{row['server_cpu_ms_per_query']} | "
                          f"{row['queries_per_s'] / base:.2f} |")
     failed = [r for r in results["wire"] + results["in_process"] + results.get("ab", [])
               if r["failures"]]

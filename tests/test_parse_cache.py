@@ -89,3 +89,27 @@ def test_bad_parameters_are_refused_free_every_time(alice: Session) -> None:
     assert caught.value.sqlstate == uncached.value.sqlstate
     assert str(caught.value) == str(uncached.value)
     assert alice.remaining() == spent  # nothing was charged for any of them
+
+
+def test_a_repeat_is_answered_before_analysis(alice: Session,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpproxy import session as session_module
+
+    sql = "SELECT COUNT(*) FROM adult WHERE age > %s"
+    first = alice.execute(sql, [50])
+    spent = alice.remaining()
+
+    def no_analysis(*args: object) -> None:
+        raise AssertionError("a repeat must not be analysed again")
+
+    monkeypatch.setattr(session_module, "analyze", no_analysis)
+    again = alice.execute(sql, [50])
+    assert again.cost is None and again.rows == first.rows
+    assert again.intervals == first.intervals and again.types == first.types
+    assert any("repeated query" in n for n in again.notices)
+    assert alice.remaining() == spent
+    with pytest.raises(AssertionError, match="must not be analysed"):
+        alice.execute(sql, [51])  # a new value is a new query: analysed (and charged)
+    monkeypatch.setattr(session_module, "FAST_REPEATS", False)
+    with pytest.raises(AssertionError, match="must not be analysed"):
+        alice.execute(sql, [50])  # switched off: analysed first, as before

@@ -13,7 +13,12 @@ each on its own connection and thread, send DP queries on the demo table
 The same queries then run through `dpproxy.connect` in-process, for the
 ratio. Latency percentiles are per query, as the client sees them.
 
-    python benchmarks/throughput.py [--seconds 10] [--clients 1,4,16]
+Then an A/B table, measured side by side in the same run (the machine may be shared,
+so only ratios within one run mean much): the distinct mix at the largest client count
+through servers with the throughput work switched off step by step (one worker, no
+group commit / fsync-free answers, no parse cache) and fully on.
+
+    python benchmarks/throughput.py [--seconds 10] [--clients 1,4,16] [--workers auto|N]
 
 Writes benchmarks/results/throughput.json and throughput.md.
 """
@@ -75,11 +80,27 @@ def benchmark_policy(folder: Path, name: str) -> Path:
     return path
 
 
-def start_server(policy: Path) -> tuple[subprocess.Popen[str], int]:
+# A/B variants: (name, --workers, environment switches)
+VARIANTS: list[tuple[str, str, dict[str, str]]] = [
+    ("before: 1 worker, fsync'd answers, no group commit, no parse cache", "1",
+     {"DPPROXY_LEDGER_FAST_COMMITS": "off", "DPPROXY_PARSE_CACHE": "off",
+      "DPPROXY_FAST_REPEATS": "off"}),
+    ("+ parse cache", "1", {"DPPROXY_LEDGER_FAST_COMMITS": "off",
+                            "DPPROXY_FAST_REPEATS": "off"}),
+    ("+ group commit, fsync-free answers, repeats looked up first (1 worker)", "1", {}),
+    ("+ worker processes, one per core (all on)", "auto", {}),
+]
+
+
+def start_server(policy: Path, workers: str | None = None,
+                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], int]:
+    command = [sys.executable, "-m", "dpproxy", "serve", "--policy", str(policy),
+               "--log-level", "WARNING"]
+    if workers is not None:
+        command += ["--workers", workers]
     process = subprocess.Popen(
-        [sys.executable, "-m", "dpproxy", "serve", "--policy", str(policy), "--log-level",
-         "WARNING"], cwd=ROOT, stdout=subprocess.PIPE, text=True,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        command, cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
     assert process.stdout is not None
     for _ in range(100):
         line = process.stdout.readline()
@@ -180,12 +201,15 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="per configuration")
     parser.add_argument("--clients", default="1,4,16", help="comma-separated client counts")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--workers", default="auto",
+                        help="server processes: a number or auto (one per core)")
+    parser.add_argument("--no-ab", action="store_true", help="skip the A/B table")
     args = parser.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
     folder = Path(tempfile.mkdtemp(prefix="dpproxy-throughput-"))
-    results: dict[str, Any] = {"wire": [], "in_process": []}
+    results: dict[str, Any] = {"wire": [], "in_process": [], "ab": []}
     try:
-        process, port = start_server(benchmark_policy(folder, "wire"))
+        process, port = start_server(benchmark_policy(folder, "wire"), args.workers)
         dsn = f"host=127.0.0.1 port={port} user=alice dbname=demo password={PASSWORD}"
         try:
             measure("wire", lambda: psycopg.connect(dsn, autocommit=True), counts,
@@ -197,12 +221,18 @@ def main() -> int:
         measure("in-process",
                 lambda: _LocalConnection(dpproxy.connect(local_policy, analyst="alice")),
                 counts, args.seconds, results["in_process"])
+        if not args.no_ab:
+            measure_ab(folder, max(counts), args.seconds, results["ab"])
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
+    from dpproxy.server.workers import parse_workers
+
     results["machine"] = {"python": platform.python_version(), "cores": os.cpu_count(),
                           "platform": platform.platform(), "psycopg": psycopg.__version__,
-                          "seconds_per_configuration": args.seconds}
+                          "seconds_per_configuration": args.seconds,
+                          "server_workers": parse_workers(args.workers),
+                          "load_average_at_end": os.getloadavg()[0]}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "throughput.json").write_text(json.dumps(results, indent=2) + "\n")
     (args.out / "throughput.md").write_text(markdown(results))
@@ -219,6 +249,60 @@ def measure(path: str, connect: Callable[[], Any], counts: list[int], seconds: f
             into.append({"mix": mix, **run_clients(clients, seconds, connect,
                                                    thresholds(mix))})
             print(path, into[-1], flush=True)
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) used so far by a process and its live descendants, from
+    /proc (Linux; 0 elsewhere): the server's cost per query, whatever else runs."""
+    total, todo = 0.0, [pid]
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    while todo:
+        current = todo.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def measure_ab(folder: Path, clients: int, seconds: float, into: list[dict[str, Any]]
+               ) -> None:
+    """The distinct mix at `clients` through each variant's server, twice in alternation
+    (ABCD ABCD) so a change in the machine's load hits every variant alike."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in VARIANTS}
+    for round_ in range(2):
+        for number, (name, workers, env) in enumerate(VARIANTS):
+            process, port = start_server(benchmark_policy(folder, f"ab{round_}{number}"),
+                                         workers, env)
+            dsn = f"host=127.0.0.1 port={port} user=alice dbname=demo password={PASSWORD}"
+            try:
+                before = cpu_seconds(process.pid)
+                run = run_clients(clients, seconds,
+                                  lambda dsn=dsn: psycopg.connect(dsn, autocommit=True),
+                                  thresholds("distinct"))
+                used = cpu_seconds(process.pid) - before
+                run["server_cpu_ms_per_query"] = round(1000 * used / max(run["queries"], 1),
+                                                       2)
+                runs[name].append(run)
+            finally:
+                process.send_signal(signal.SIGTERM)
+                process.wait(timeout=60)
+            print("ab", name, runs[name][-1], flush=True)
+    for name, _, _ in VARIANTS:
+        both = runs[name]
+        queries = sum(r["queries"] for r in both)
+        elapsed = sum(r["seconds"] for r in both)
+        into.append({"variant": name, "clients": clients, "queries": queries,
+                     "queries_per_s": round(queries / elapsed, 1),
+                     "rounds_queries_per_s": [r["queries_per_s"] for r in both],
+                     "p50_ms_rounds": [r["p50_ms"] for r in both],
+                     "p99_ms_rounds": [r["p99_ms"] for r in both],
+                     "server_cpu_ms_per_query": round(
+                         statistics.mean(r["server_cpu_ms_per_query"] for r in both), 2),
+                     "failures": sum(r["failures"] for r in both)})
 
 
 class _LocalConnection:
@@ -240,7 +324,9 @@ def markdown(results: dict[str, Any]) -> str:
              f"`dpproxy serve` with psycopg clients, and in-process through `dpproxy.connect`. "
              f"distinct: every query new, charged and run; repeated: answered from the answer "
              f"cache. {machine['seconds_per_configuration']:g} s per configuration; "
-             f"Python {machine['python']}, {machine['cores']} cores.", "",
+             f"{machine.get('server_workers', 1)} server worker process(es); "
+             f"Python {machine['python']}, {machine['cores']} cores (shared: load average "
+             f"{machine.get('load_average_at_end', 0):.1f} at the end).", "",
              "| mix | clients | wire queries/s | wire p50 (ms) | wire p99 (ms) "
              "| in-process queries/s | in-process p50 (ms) | in-process p99 (ms) "
              "| wire ÷ in-process |",
@@ -250,7 +336,21 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append(f"| {wire['mix']} | {wire['clients']} | {wire['queries_per_s']:,.0f} | "
                      f"{wire['p50_ms']} | {wire['p99_ms']} | {local['queries_per_s']:,.0f} | "
                      f"{local['p50_ms']} | {local['p99_ms']} | {ratio:.2f} |")
-    failed = [r for r in results["wire"] + results["in_process"] if r["failures"]]
+    if results.get("ab"):
+        base = results["ab"][0]["queries_per_s"] or 1
+        lines += ["", f"A/B, distinct mix, {results['ab'][0]['clients']} clients, measured "
+                      "side by side in this run (two alternating rounds each):", "",
+                  "| server | queries/s | rounds | p50 (ms) per round | p99 (ms) per round "
+                  "| server CPU ms/query | × before |", "|---|---|---|---|---|---|---|"]
+        for row in results["ab"]:
+            lines.append(f"| {row['variant']} | {row['queries_per_s']:,.0f} | "
+                         f"{', '.join(f'{q:,.0f}' for q in row['rounds_queries_per_s'])} | "
+                         f"{', '.join(str(v) for v in row['p50_ms_rounds'])} | "
+                         f"{', '.join(str(v) for v in row['p99_ms_rounds'])} | "
+                         f"{row['server_cpu_ms_per_query']} | "
+                         f"{row['queries_per_s'] / base:.2f} |")
+    failed = [r for r in results["wire"] + results["in_process"] + results.get("ab", [])
+              if r["failures"]]
     if failed:
         lines += ["", f"{sum(r['failures'] for r in failed)} queries failed; first: "
                       f"{failed[0]['first_failure']}"]

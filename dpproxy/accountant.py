@@ -20,7 +20,13 @@ to at most its ε at its δ minus the extra δ. Budgets may renew daily, weekly 
 
 Answer cache: a charge may claim a cache key in the same transaction, so two sessions
 asking the same query cannot both pay and release two different noisy answers; the answer
-is stored before it is returned.
+is stored before it is returned (committed, but without waiting for its own fsync: see
+`Ledger.store_answer`).
+
+Group commit: on SQLite, charges made at the same time by the threads sharing a Ledger are
+committed together: whichever thread takes the ledger's lock runs every queued charge in
+one ``BEGIN IMMEDIATE … COMMIT`` (one fsync), each under its own savepoint so a refused
+charge is rolled back alone, and every caller returns only after that COMMIT.
 
 Storage: one Ledger class holds every rule; a small storage adapter says how to talk to
 the database. `SQLiteStorage` (the default, one proxy): one connection per Ledger guarded
@@ -43,11 +49,11 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from .errors import (
     BudgetExceeded,
@@ -57,6 +63,10 @@ from .errors import (
     UndefinedObject,
 )
 from .mechanisms import zcdp_epsilon
+
+T = TypeVar("T")
+# "off" disables group commit and the fsync-free answer store, for A/B benchmarks.
+FAST_COMMITS = os.environ.get("DPPROXY_LEDGER_FAST_COMMITS", "on").lower() != "off"
 
 SCHEMA_VERSION = 2
 ACCOUNTING = ("basic", "zcdp")
@@ -380,8 +390,25 @@ class SQLiteStorage:
     def usable(self, db: Any) -> bool:
         return True
 
+    # One connection per Ledger and one write lock per file: a batch of charges can
+    # share a transaction without any risk of deadlock.
+    group_commit = True
+
     def begin_write(self, db: Any) -> None:
         db.execute("BEGIN IMMEDIATE")  # the file's write lock serializes every writer
+
+    def begin_lazy_write(self, db: Any) -> None:
+        """A write transaction whose COMMIT does not wait for fsync (WAL, synchronous
+        NORMAL): it survives a killed process, and the next durable commit syncs it."""
+        db.execute("PRAGMA synchronous = NORMAL")  # per connection, set outside transactions
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            db.execute("PRAGMA synchronous = FULL")
+            raise
+
+    def end_lazy_write(self, db: Any) -> None:
+        db.execute("PRAGMA synchronous = FULL")
 
     def begin_read(self, db: Any) -> None:
         db.execute("BEGIN")
@@ -485,8 +512,21 @@ class PostgresStorage:
     def usable(self, db: Any) -> bool:
         return not (db.conn.closed or db.conn.broken)
 
+    # Charges lock account rows in sorted order per charge; a batch of several charges
+    # could lock them out of order against another proxy's batch and deadlock: one
+    # charge per transaction.
+    group_commit = False
+
     def begin_write(self, db: Any) -> None:
         db.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+
+    def begin_lazy_write(self, db: Any) -> None:
+        """A write transaction whose COMMIT does not wait for the WAL flush."""
+        db.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+        db.execute("SET LOCAL synchronous_commit = off")
+
+    def end_lazy_write(self, db: Any) -> None:
+        """Nothing to do: SET LOCAL ended with the transaction."""
 
     def begin_read(self, db: Any) -> None:
         db.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
@@ -532,6 +572,16 @@ class PostgresStorage:
 Storage = SQLiteStorage | PostgresStorage
 
 
+class _Pending(Generic[T]):
+    """One caller's work waiting for a group commit."""
+
+    def __init__(self, work: Callable[[Any], T]) -> None:
+        self.work = work
+        self.result: T | None = None
+        self.error: BaseException | None = None
+        self.done = False
+
+
 class Ledger:
     """The budget ledger on one SQLite file or PostgreSQL schema; safe to share between
     threads.
@@ -543,11 +593,13 @@ class Ledger:
 
     def __init__(self, path: str | os.PathLike[str] | Storage,
                  initial_budgets: Mapping[str, _CostLike], *, timeout: float = 30.0,
-                 accounting: str = "basic", window: str = "never") -> None:
+                 accounting: str = "basic", window: str = "never",
+                 fast_commits: bool | None = None) -> None:
         """Open or create the ledger (a SQLite file at `path`, or the given storage);
         accounts missing from it are created with their policy budget (the policy is the
         initial state; an existing account's budget in the ledger is NOT overwritten by a
-        changed policy)."""
+        changed policy). `fast_commits` (default on, unless the environment variable
+        DPPROXY_LEDGER_FAST_COMMITS is "off"): group commit and fsync-free answers."""
         budgets = {_check_name(a, "account"): _check_cost(c, f"budget of {a}")
                    for a, c in initial_budgets.items()}
         if accounting not in ACCOUNTING:
@@ -561,6 +613,9 @@ class Ledger:
                                 else SQLiteStorage(path, timeout))
         self._path = self._store.name
         self._lock = threading.RLock()
+        self._fast = FAST_COMMITS if fast_commits is None else fast_commits
+        self._queue: list[_Pending[Any]] = []  # charges waiting for the next group commit
+        self._queue_lock = threading.Lock()
         self._pid = os.getpid()
         self._db: Any = None
         db = self._store.connect()
@@ -615,6 +670,56 @@ class Ledger:
                 if db.in_transaction:  # an error before or during COMMIT: write nothing
                     with suppress(*self._store.errors):
                         db.execute("ROLLBACK")
+
+    def _batched(self, work: Callable[[Any], T]) -> T:
+        """Run `work(db)` in a durable write transaction, shared (group commit) with the
+        work other threads queued meanwhile; its exception is raised here, and only its
+        own writes are undone. Returns after the COMMIT that made its writes durable."""
+        if not (self._fast and self._store.group_commit):
+            with self._write() as db:
+                return work(db)
+        pending: _Pending[T] = _Pending(work)
+        with self._queue_lock:
+            self._queue.append(pending)
+        with self._sql() as db:
+            # Whoever holds the lock commits everything queued; a batch is finished (done)
+            # before the lock is released, so finding ours done here means it committed.
+            if not pending.done:
+                with self._queue_lock:
+                    batch, self._queue = self._queue, []
+                self._commit_batch(db, batch)
+        if pending.error is not None:
+            raise pending.error
+        return pending.result  # type: ignore[return-value]
+
+    def _commit_batch(self, db: Any, batch: list[_Pending[Any]]) -> None:
+        try:
+            self._store.begin_write(db)
+            for pending in batch:
+                db.execute("SAVEPOINT dpproxy_charge")
+                try:
+                    pending.result = pending.work(db)
+                except Exception as exc:  # this charge's own failure: undo it alone
+                    pending.error = (OperationalError(f"privacy ledger {self._path}: {exc}")
+                                     if isinstance(exc, self._store.errors) else exc)
+                    db.execute("ROLLBACK TO SAVEPOINT dpproxy_charge")
+                db.execute("RELEASE SAVEPOINT dpproxy_charge")
+            db.execute("COMMIT")
+        except BaseException as exc:
+            # Nothing of the batch is written: every caller gets an error, none a charge.
+            failure = (OperationalError(f"privacy ledger {self._path}: {exc}")
+                       if isinstance(exc, self._store.errors) else exc)
+            for pending in batch:
+                if pending.error is None:
+                    pending.error, pending.result = failure, None
+            if db.in_transaction:
+                with suppress(*self._store.errors):
+                    db.execute("ROLLBACK")
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            for pending in batch:
+                pending.done = True
 
     @contextmanager
     def _read(self) -> Iterator[Any]:
@@ -731,7 +836,8 @@ class Ledger:
         _check_name(analyst, "analyst")
         if not isinstance(statement, str):
             raise InvalidParameterValue("statement must be a string")
-        with self._write() as db:
+
+        def work(db: Any) -> Charge:
             if claim is not None:
                 self._store.lock_claim(db, analyst, claim)
                 self._check_claim(db, analyst, claim)
@@ -785,7 +891,9 @@ class Ledger:
                            " VALUES (?, ?, ?, ?, NULL) ON CONFLICT (analyst, cache_key) DO UPDATE"
                            " SET charge_id = excluded.charge_id, at = excluded.at, answer = NULL",
                            (analyst, claim, charge.charge_id, charge.at))
-        return charge
+            return charge
+
+        return self._batched(work)
 
     # -- answer cache ------------------------------------------------------------------------
 
@@ -812,10 +920,30 @@ class Ledger:
         return CachedAnswer(answer, at, charge_id)
 
     def store_answer(self, analyst: str, key: str, charge_id: str, answer: str) -> None:
-        """Store the released answer of a claimed key, durably, before it is returned."""
-        with self._write() as db:
-            db.execute("UPDATE answers SET answer = ? WHERE analyst = ? AND cache_key = ? AND"
-                       " charge_id = ?", (answer, analyst, key, charge_id))
+        """Store the released answer of a claimed key before it is returned.
+
+        Committed without waiting for its own fsync (unless fast commits are off): a
+        killed process keeps it (it is in the WAL / the database server), only a power or
+        OS failure before the next durable commit can lose it. Losing it is safe: the claim
+        was committed durably with the charge, so a repeat waits for STALE_CLAIM_S, then
+        is charged in full and answered with fresh noise; no answer is ever released
+        without its charge."""
+        sql = ("UPDATE answers SET answer = ? WHERE analyst = ? AND cache_key = ? AND"
+               " charge_id = ?")
+        if not self._fast:
+            with self._write() as db:
+                db.execute(sql, (answer, analyst, key, charge_id))
+            return
+        with self._sql() as db:
+            self._store.begin_lazy_write(db)
+            try:
+                db.execute(sql, (answer, analyst, key, charge_id))
+                db.execute("COMMIT")
+            finally:
+                if db.in_transaction:
+                    with suppress(*self._store.errors):
+                        db.execute("ROLLBACK")
+                self._store.end_lazy_write(db)
 
     def drop_claim(self, analyst: str, key: str, charge_id: str) -> None:
         """Give up a claim whose query failed before producing an answer (the charge stays)."""

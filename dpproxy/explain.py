@@ -91,9 +91,9 @@ def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -
         parts = ", ".join(plan.measurements[i].column for i in agg.statistics)
         lines.append(f"  {agg.sql} from {parts}"
                      + (f", debiased: {agg.rule.mechanism}" if agg.rule.mechanism else "")
+                     + aggregate_error(plan, agg, epsilon)
                      + (f"; argument bounds [{agg.argument_bounds[0]:g}, "
-                        f"{agg.argument_bounds[1]:g}]" if agg.argument_bounds else "")
-                     + aggregate_error(plan, agg, epsilon))
+                        f"{agg.argument_bounds[1]:g}]" if agg.argument_bounds else ""))
     if rewritten_sql is not None:
         lines.append("Rewritten SQL (a parameter, if any, is a salt drawn afresh per query):")
         lines.append(f"  {rewritten_sql}")

@@ -9,6 +9,11 @@ parsed tree by literal nodes.
 ['set', 'select']
 >>> parse_statements("SELECT COUNT(*) FROM t WHERE a > %s", [40])[0].ast.sql("postgres")
 'SELECT COUNT(*) FROM t WHERE a > 40'
+
+A string is parsed once: its statements, with their placeholders still in the tree,
+are kept (by exact text) and bound afresh for every execution, so a prepared or
+parameterized query pays sqlglot's parser only the first time. Binding, with all its
+checks, runs every time, on a copy: the cached trees are never modified.
 """
 
 from __future__ import annotations
@@ -16,8 +21,11 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import math
+import os
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import sqlglot
@@ -43,6 +51,11 @@ _WRITE_KINDS = (exp.Insert, exp.Update, exp.Delete, exp.Merge, exp.Create, exp.D
                 exp.Copy, exp.TruncateTable)
 
 Parameters = Sequence[Any] | Mapping[str, Any] | None
+PARSE_CACHE_SIZE = 1024
+# "off" parses every string afresh, for A/B benchmarks.
+_PARSE_CACHE_ON = os.environ.get("DPPROXY_PARSE_CACHE", "on").lower() != "off"
+_parsed: OrderedDict[str, tuple[Statement, ...]] = OrderedDict()
+_parsed_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -53,6 +66,10 @@ class Statement:
     name: str | None = None  # set/reset/show: the setting's name, lower case
     value: Any = None  # set: the literal value
     tag: str = ""  # command tag for the wire: SET, BEGIN, COMMIT...
+    # select and explain: the tree before binding (shared: never modify it) and the
+    # parameters bound into `ast`; the same template and parameters give the same `ast`.
+    template: exp.Expression | None = None
+    params: Parameters = None
 
     @property
     def is_session_statement(self) -> bool:
@@ -103,25 +120,47 @@ def _shift(token: Token, offset: int) -> Token:
 
 def parse_statements(sql: str, params: Parameters = None) -> list[Statement]:
     """Parse every statement of a string; parameters apply to the one query among them."""
+    with _parsed_lock:
+        unbound = _parsed.get(sql)
+        if unbound is not None:
+            _parsed.move_to_end(sql)
+    if unbound is None:
+        unbound = _parse_unbound(sql, params)
+        if _PARSE_CACHE_ON:
+            with _parsed_lock:
+                _parsed[sql] = unbound
+                if len(_parsed) > PARSE_CACHE_SIZE:
+                    _parsed.popitem(last=False)
+    # Each statement with a query binds the parameters in turn, as they were parsed.
+    return [replace(s, ast=bind_parameters(s.ast, params, copy=True), template=s.ast,
+                    params=params) if s.ast is not None else s for s in unbound]
+
+
+def _parse_unbound(sql: str, params: Parameters) -> tuple[Statement, ...]:
+    """The statements of `sql` with their placeholders unbound. Errors are raised as they
+    would be while binding `params`, statement by statement, and are never cached."""
     pieces = split_statements(sql)
     if not pieces:
         raise SyntaxError("empty query", hint="send one SELECT statement")
     statements = []
     for text, tokens, offset in pieces:
         try:
-            statements.append(_classify(text, tokens, params))
+            statement = _classify(text, tokens)
         except SyntaxError as exc:
             if exc.position is not None:
                 exc.position += offset  # relative to the whole string, as PostgreSQL does
             raise
-    return statements
+        if statement.ast is not None:  # a binding error comes before a later syntax error
+            bind_parameters(statement.ast, params, copy=True)
+        statements.append(statement)
+    return tuple(statements)
 
 
 def _word(tokens: Sequence[Token], i: int) -> str:
     return tokens[i].text.upper() if i < len(tokens) else ""
 
 
-def _classify(text: str, tokens: list[Token], params: Parameters) -> Statement:
+def _classify(text: str, tokens: list[Token]) -> Statement:
     first = _word(tokens, 0)
     if first in _TRANSACTION_WORDS:
         return Statement("transaction", text, tag=_transaction_tag(first))
@@ -151,13 +190,13 @@ def _classify(text: str, tokens: list[Token], params: Parameters) -> Statement:
             raise SyntaxError("EXPLAIN needs a query")
         inner = rest[inner_tokens[skip].start:]
         try:
-            ast = _parse_query(inner, params)
+            ast = _parse_query(inner)
         except SyntaxError as exc:
             if exc.position is not None:  # relative to the statement, not the inner query
                 exc.position += len(text) - len(inner)
             raise
         return Statement("explain", text, ast=ast, tag="EXPLAIN")
-    ast = _parse_query(text, params)
+    ast = _parse_query(text)
     if _is_advisory_unlock(ast):
         return Statement("noop", text, ast=ast, tag="SELECT 1")
     return Statement("select", text, ast=ast, tag="SELECT")
@@ -250,7 +289,8 @@ def _literal_value(node: exp.Expression) -> Any:
     return node.sql(DIALECT)
 
 
-def _parse_query(text: str, params: Parameters) -> exp.Expression:
+def _parse_query(text: str) -> exp.Expression:
+    """The query's tree, placeholders unbound."""
     try:
         ast = sqlglot.parse_one(text, read=DIALECT)
     except ParseError as exc:
@@ -275,7 +315,7 @@ def _parse_query(text: str, params: Parameters) -> exp.Expression:
     if not isinstance(ast, exp.Query):
         raise NotSupportedError(f"{ast.key.upper()} statements are not supported",
                                 hint="dpproxy answers SELECT queries with aggregates")
-    return bind_parameters(ast, params)
+    return ast
 
 
 def _position(text: str, line: int | None, col: int | None, width: int) -> int | None:
@@ -286,14 +326,16 @@ def _position(text: str, line: int | None, col: int | None, width: int) -> int |
     return sum(len(x) + 1 for x in lines[:line - 1]) + max(col - max(width, 1) + 1, 1)
 
 
-def bind_parameters(ast: exp.Expression, params: Parameters) -> exp.Expression:
-    """Replace each placeholder node by a literal node; the SQL text is never edited."""
+def bind_parameters(ast: exp.Expression, params: Parameters, *, copy: bool = False
+                    ) -> exp.Expression:
+    """Replace each placeholder node by a literal node; the SQL text is never edited.
+    With `copy`, `ast` itself is left as it was."""
     placeholders = [n for n in ast.find_all(exp.Placeholder, exp.Parameter)]
     if not placeholders:
         if params:
             raise ProgrammingError(f"the query has no placeholders but {len(params)} "
                                    "parameters were given")
-        return ast
+        return ast.copy() if copy else ast
     if params is None:
         raise ProgrammingError("the query has placeholders but no parameters were given")
     positional = iter(params) if not isinstance(params, Mapping) else None

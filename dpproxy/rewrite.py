@@ -412,7 +412,9 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     if key_refs:
         outer = outer.group_by(*(k.copy() for k in key_refs), copy=False)
     salted = unit is not None and bool(analysis.keys) and not row_ids
-    return Rewritten(outer.sql(dialect=dialect), key_names,
+    # The tree was built for this call alone: the generator may transform it in place
+    # (copy=False spares a deep copy of the whole statement, a tenth of a query's CPU).
+    return Rewritten(outer.sql(dialect=dialect, copy=False), key_names,
                      tuple(m.column for m in plan.measurements), salted)
 
 
@@ -473,5 +475,5 @@ def _rewrite_binned(plan: QueryPlan, dialect: str, source: exp.Expression,
     if key_refs:
         outer = outer.group_by(*(k.copy() for k in key_refs), copy=False)
     salted = unit and bool(key_names)
-    return Rewritten(outer.sql(dialect=dialect), key_names,
+    return Rewritten(outer.sql(dialect=dialect, copy=False), key_names,
                      tuple(m.column for m in plan.measurements), salted)

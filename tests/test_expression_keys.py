@@ -475,7 +475,8 @@ def test_explain_shows_derived_bounds_and_key_source(engine: Engine) -> None:
         "AVG(CASE WHEN sex = 'Female' THEN capital_gain END), "
         "SUM(LEAST(GREATEST(ABS(age - 40), 5), 30)) FROM adult GROUP BY 1").rows)
     assert "age / 10 * 10 (9 public values, the image of the public values of age)" in text
-    assert "SUM(hours_per_week * 52) from m0; argument bounds [52, 5148]" in text
+    line = next(t for t in text.splitlines() if "SUM(hours_per_week * 52) from m0" in t)
+    assert line.endswith("; argument bounds [52, 5148]")
     assert "argument bounds [0, 99999]" in text
     assert "argument bounds [5, 30]" in text
     assert "IN (10, 20, 30, 40, 50, 60, 70, 80, 90)" in text  # the public key filter

@@ -29,6 +29,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     s.add_argument("--tls-key", type=Path, help="TLS private key (PEM)")
     s.add_argument("--log-level", default="INFO",
                    choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    s.add_argument("--workers", default="1",
+                   help="server processes sharing the port and the ledger: a number, or "
+                        "auto for one per core on Linux (default: 1)")
     s.set_defaults(func=cmd_serve)
 
     a = sub.add_parser("analyst", help="analyst accounts")
@@ -82,6 +85,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         ensure_demo(backend.path, seed=backend.demo_seed,
                     progress=lambda message: print(f"demo: {message}", file=sys.stderr))
+    from .workers import parse_workers, serve_workers
+
+    workers = parse_workers(args.workers)
+    if workers > 1:
+        Engine(policy).close()  # the ledger and backend open (and are created) before workers
+        return serve_workers(policy.path, settings, workers,
+                             lambda port: print(how_to_connect(policy, settings, port),
+                                                flush=True))
     with Engine(policy) as engine:
         def announce(server: object) -> None:
             print(how_to_connect(policy, settings, getattr(server, "port", settings.port)),

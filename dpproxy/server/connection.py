@@ -298,6 +298,10 @@ class ClientConnection:
             # Server shutdown: tell the client why, as PostgreSQL does.
             await self._fatal(FatalError("57P01", "terminating connection due to "
                                          "administrator command"))
+        except QueryCanceled:
+            # Only the session's setup lets this through: a shutdown stopped it.
+            await self._fatal(FatalError("57P01", "terminating connection due to "
+                                         "administrator command"))
         except Exception:
             log.exception("connection %s: internal error", self.peer)
             await self._fatal(FatalError("XX000", "internal error"))

@@ -1,7 +1,10 @@
 """The asyncio listener: connection limit, cancel routing, TLS, graceful shutdown.
 
 `Server` serves one `Engine` (one policy); `serve()` runs it until SIGTERM or
-SIGINT; `BackgroundServer` runs it in a thread, for tests and benchmarks.
+SIGINT; `BackgroundServer` runs it in a thread, for tests and benchmarks. With
+several worker processes (`workers.serve_workers`) each runs a `Server` given a
+`WorkerLink`: the connection limit is then counted across workers and a cancel
+request reaching the wrong worker is passed to the one owning the connection.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .. import errors
 from ..policy import AnalystPolicy, Policy, ServerSettings
@@ -31,6 +34,26 @@ log = logging.getLogger("dpproxy.server")
 
 SHUTDOWN_GRACE_S = 30.0
 CatalogFactory = Callable[..., Any]  # called like catalog.Catalog
+
+
+class WorkerLink(Protocol):
+    """What a worker process shares with the others (see `workers.WorkerShared`)."""
+
+    index: int
+
+    def take_slot(self, limit: int) -> bool: ...
+
+    def free_slot(self) -> None: ...
+
+    def forward_cancel(self, owner: int, process_id: int, secret_key: int) -> None: ...
+
+
+PID_WORKER_SHIFT = 24  # a worker's BackendKeyData process ids: (index + 1) << 24 | n
+
+
+def pid_owner(process_id: int) -> int:
+    """The worker index encoded in a process id (-1: none)."""
+    return (process_id >> PID_WORKER_SHIFT) - 1
 
 
 def default_catalog(policy: Policy, analyst: AnalystPolicy, **options: Any) -> Any:
@@ -62,8 +85,10 @@ class Server:
 
     def __init__(self, engine: Engine, settings: ServerSettings | None = None, *,
                  credentials: CredentialStore | None = None,
-                 catalog_factory: CatalogFactory = default_catalog) -> None:
+                 catalog_factory: CatalogFactory = default_catalog,
+                 worker: WorkerLink | None = None) -> None:
         install_gate(engine)
+        self.worker = worker
         self.engine = engine
         self.settings = settings or engine.policy.server
         self.credentials = credentials or CredentialStore(engine.policy)
@@ -77,11 +102,18 @@ class Server:
         self._connections: dict[int, ClientConnection] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._pids = itertools.count(1000 + secrets.randbelow(1 << 20))
+        if worker is not None:
+            base = (worker.index + 1) << PID_WORKER_SHIFT
+            self._pids = (base | (n & ((1 << PID_WORKER_SHIFT) - 1))
+                          for n in itertools.count(secrets.randbelow(1 << 20)))
         self._listener: asyncio.base_events.Server | None = None
 
     async def start(self) -> None:
+        # Worker processes each listen on the same port (SO_REUSEPORT): the kernel spreads
+        # the connections among them.
         self._listener = await asyncio.start_server(
-            self._handle, self.settings.host, self.settings.port, reuse_address=True)
+            self._handle, self.settings.host, self.settings.port, reuse_address=True,
+            reuse_port=self.worker is not None or None)
         sockets = self._listener.sockets
         if sockets:
             self.port = sockets[0].getsockname()[1]
@@ -104,7 +136,10 @@ class Server:
 
     def admit(self, connection: ClientConnection) -> bool:
         """Register a connection that sent its startup packet; False when full."""
-        if len(self._connections) >= self.settings.max_connections:
+        if self.worker is not None:
+            if not self.worker.take_slot(self.settings.max_connections):
+                return False
+        elif len(self._connections) >= self.settings.max_connections:
             return False
         connection.process_id = next(self._pids)
         connection.secret_key = secrets.randbits(32)
@@ -114,8 +149,19 @@ class Server:
     def release(self, connection: ClientConnection) -> None:
         if self._connections.get(connection.process_id) is connection:
             del self._connections[connection.process_id]
+            if self.worker is not None:
+                self.worker.free_slot()
 
     def cancel(self, process_id: int, secret_key: int) -> None:
+        """A CancelRequest: cancel the connection's statement if the key matches (passed on
+        to the worker owning the connection when it is another)."""
+        if self.worker is not None:
+            owner = pid_owner(process_id)
+            if owner != self.worker.index:
+                log.info("cancel request for backend %d passed to worker %d", process_id,
+                         owner)
+                self.worker.forward_cancel(owner, process_id, secret_key)
+                return
         connection = self._connections.get(process_id)
         if connection is None or not hmac.compare_digest(
                 connection.secret_key.to_bytes(4, "big"), secret_key.to_bytes(4, "big")):

@@ -94,6 +94,10 @@ def _result_from_json(text: str) -> Result:
         [tuple(tuple(i) if i is not None else None for i in row) for row in data["intervals"]])
 
 
+def _memo_key(statement: Statement) -> tuple[str, str]:
+    return (statement.text, json.dumps(_typed_parameters(statement.params)))
+
+
 def _typed_parameters(params: Parameters) -> list[Any]:
     """Parameters as JSON that keeps their types apart (1, 1.0, '1' and True differ).
 
@@ -150,22 +154,38 @@ class Engine:
         self._closed = False
         self._lock = threading.Lock()
         self._rewrites: OrderedDict[str, Rewritten] = OrderedDict()
-        self._templates: OrderedDict[str, str] = OrderedDict()  # statement text → key SQL
+        # (statement text, typed parameters) → the normalized bound query
+        self._normalized: OrderedDict[tuple[str, str], str] = OrderedDict()
+        # (statement text, typed parameters) → output names, for texts analysed and accepted
+        self._output_names: OrderedDict[tuple[str, str], tuple[str, ...]] = OrderedDict()
 
-    def normalized_template(self, statement: Statement) -> str:
-        """The statement's query before binding, identifiers normalized, as SQL text."""
-        template = statement.template if statement.template is not None else statement.ast
-        assert template is not None
+    def output_names(self, statement: Statement) -> tuple[str, ...] | None:
+        """The output names of this text with these parameters, if it was accepted before."""
         with self._lock:
-            cached = self._templates.get(statement.text)
+            return self._output_names.get(_memo_key(statement))
+
+    def remember_output_names(self, statement: Statement, names: tuple[str, ...]) -> None:
+        with self._lock:
+            self._output_names[_memo_key(statement)] = names
+            if len(self._output_names) > REWRITE_CACHE_SIZE:
+                self._output_names.popitem(last=False)
+
+    def normalized_query(self, statement: Statement) -> str:
+        """The bound query, identifiers normalized, as SQL text: what the answer cache keys
+        on, so a query sent with literals and the same one sent with parameters share one
+        answer. Remembered per (text, typed parameters): a repeat does not generate it."""
+        assert statement.ast is not None
+        memo = _memo_key(statement)
+        with self._lock:
+            cached = self._normalized.get(memo)
             if cached is not None:
-                self._templates.move_to_end(statement.text)
+                self._normalized.move_to_end(memo)
                 return cached
-        normalized = normalize_identifiers(template.copy(), dialect="postgres").sql("postgres")
+        normalized = normalize_identifiers(statement.ast.copy(), dialect="postgres").sql("postgres")
         with self._lock:
-            self._templates[statement.text] = normalized
-            if len(self._templates) > REWRITE_CACHE_SIZE:
-                self._templates.popitem(last=False)
+            self._normalized[memo] = normalized
+            if len(self._normalized) > REWRITE_CACHE_SIZE:
+                self._normalized.popitem(last=False)
         return normalized
 
     def rewritten(self, plan: QueryPlan) -> Rewritten:
@@ -328,14 +348,19 @@ class Session:
         return plan_query(analysis, self.options)
 
     def _query(self, statement: Statement) -> Result:
-        # A repeat is answered before analysis: only an accepted, charged query has a stored
-        # answer, and its key fixes everything the answer depends on (query, options,
-        # policy version, data, accounting), so analysing it again could change nothing.
-        key = self._cache_key(statement) if FAST_REPEATS else None
-        if key is not None:
+        # A repeat of a text accepted before is answered before analysis: only an accepted,
+        # charged query has a stored answer, and its key fixes everything the answer depends
+        # on (query, options, policy version, data, accounting), so analysing it again could
+        # change nothing. (An equivalent text never seen, e.g. MEDIAN(x) after
+        # PERCENTILE_CONT(0.5) …, is analysed first: its columns need its own names.)
+        names = self.engine.output_names(statement) if FAST_REPEATS else None
+        key = None
+        looked_up = names is not None
+        if looked_up:
+            key = self._cache_key(statement)
             cached = self._wait_for_answer(key)
             if cached is not None:
-                return self._cached_result(statement.text, cached)
+                return self._cached_result(statement.text, cached, names)
         planned = self._plan(statement)
         if isinstance(planned, ConstantQuery):
             row = tuple(evaluate(o.expression, {}, {}) for o in planned.outputs)
@@ -344,20 +369,22 @@ class Session:
                           planned.output_types, accuracy=tuple(None for _ in row),
                           intervals=[tuple(None for _ in row)])
         plan = planned
+        names = tuple(o.name for o in plan.analysis.outputs)
+        self.engine.remember_output_names(statement, names)
         if not plan.reads_data:  # public keys only: nothing private is read, nothing charged
             released = release(plan, [])
             self._audit(plan.analysis.statement, "released", rows=len(released.rows))
             return self._result(released, plan, self.remaining())
         key = key or self._cache_key(statement)
         for round_ in range(2):  # a second round only when a claim was abandoned under us
-            cached = self._wait_for_answer(key) if round_ or not FAST_REPEATS else None
+            cached = self._wait_for_answer(key) if round_ or not looked_up else None
             if cached is not None:
-                return self._cached_result(plan.analysis.statement, cached, plan)
+                return self._cached_result(plan.analysis.statement, cached, names)
             try:
                 return self._charge_and_release(plan, key)
             except AnswerAvailable as hit:
                 if hit.answer is not None:
-                    return self._cached_result(plan.analysis.statement, hit.answer, plan)
+                    return self._cached_result(plan.analysis.statement, hit.answer, names)
         raise errors.OperationalError(
             "an identical query by the same analyst is still being answered",
             hint="retry in a moment: repeats of a query return its first answer")
@@ -390,12 +417,8 @@ class Session:
         return result
 
     def _cache_key(self, statement: Statement) -> str:
-        """Same normalized query, options, policy version and data: same key. The query is
-        its normalized template (before binding, computed once per text) and the typed
-        values bound into it: binding is deterministic, so equal keys mean equal queries."""
-        assert statement.ast is not None
-        parts = [self.engine.normalized_template(statement),
-                 _typed_parameters(statement.params), asdict(self.options),
+        """Same normalized query, options, policy version and data: same key."""
+        parts = [self.engine.normalized_query(statement), asdict(self.options),
                  self.engine.policy.version, self.engine.backend.data_version(),
                  self.engine.ledger.accounting]
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
@@ -415,13 +438,11 @@ class Session:
                     hint="retry in a moment: repeats of a query return its first answer")
             time.sleep(0.02)
 
-    def _cached_result(self, statement: str, answer: str,
-                       plan: QueryPlan | None = None) -> Result:
+    def _cached_result(self, statement: str, answer: str, names: tuple[str, ...]) -> Result:
         result = _result_from_json(answer)
-        if plan is not None:
-            # Output names are not part of what an answer measures: name the columns as this
-            # query does (the stored answer carries the names of the query that paid for it).
-            result.columns = tuple(o.name for o in plan.analysis.outputs)
+        # Output names are not part of what an answer measures: name the columns as this
+        # query does (the stored answer carries the names of the query that paid for it).
+        result.columns = names
         result.cost = None
         result.remaining = self.remaining()
         result.notices = [*(a.describe() for a in result.accuracy if a is not None),

@@ -1,4 +1,4 @@
-"""The parse cache and the answer-cache key built from (template, typed parameters):
+"""The parse cache and the answer-cache key built from the normalized bound query:
 cached parses bind exactly like fresh ones, every binding error is raised every time,
 before any charge, and the answer cache tells parameter values apart."""
 
@@ -66,12 +66,17 @@ def test_answer_cache_tells_parameter_values_apart(alice: Session) -> None:
     assert again.cost is None and again.rows == first.rows  # the repeat: its first answer
     as_float = alice.execute(sql, [30.5])
     assert as_float.cost is not None  # another value, another query
-    by_name = alice.execute("SELECT COUNT(*) FROM adult WHERE age > %(a)s", {"a": 30})
-    again_by_name = alice.execute("SELECT COUNT(*) FROM adult WHERE age > %(a)s", {"a": 30})
+    same_by_name = alice.execute("SELECT COUNT(*) FROM adult WHERE age > %(a)s", {"a": 30})
+    assert same_by_name.cost is None and same_by_name.rows == first.rows  # same bound query
+    by_name = alice.execute("SELECT COUNT(*) FROM adult WHERE age > %(a)s", {"a": 31})
+    again_by_name = alice.execute("SELECT COUNT(*) FROM adult WHERE age > %(a)s", {"a": 31})
     assert by_name.cost is not None and again_by_name.cost is None
     assert again_by_name.rows == by_name.rows
     mixed_case = alice.execute("select count(*) from ADULT where AGE > %s", [30])
-    assert mixed_case.cost is None and mixed_case.rows == first.rows  # normalized template
+    assert mixed_case.cost is None and mixed_case.rows == first.rows  # normalized query
+    # the same query with its value written in: the same bound query, the same answer
+    literal = alice.execute("SELECT COUNT(*) FROM adult WHERE age > 30")
+    assert literal.cost is None and literal.rows == first.rows
 
 
 def test_bad_parameters_are_refused_free_every_time(alice: Session) -> None:

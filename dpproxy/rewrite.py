@@ -8,9 +8,10 @@ never a raw row. Three transformations make it safe to run:
   fails never depends on private values;
 * clamping: each summed value is clamped to its bounds after the row
   expression is evaluated (NULL stays NULL), then centred;
-* contribution bounding: each privacy unit keeps at most `max_rows` randomly
-  chosen rows per group and at most `max_groups` groups, chosen by a hash
-  salted afresh for every query.
+* contribution bounding: each privacy unit keeps at most `max_rows` rows per group
+  (randomly chosen where it matters: for a SUM) and at most `max_groups` groups,
+  chosen by a hash salted afresh for every query — by hash aggregation per (unit,
+  group) pair rather than a window sort over all rows (`_bounded_pairs`).
 
 >>> from dpproxy.policy import ColumnPolicy, TablePolicy
 >>> from sqlglot import parse_one
@@ -34,6 +35,7 @@ from .policy import ColumnPolicy, TablePolicy
 from .rewrite_postgres import clamp_source_postgres, make_total_postgres
 
 UNIT = "__unit"
+ROWS = "__rows"
 ROW_RANK = "__row_rank"
 GROUP_RANK = "__group_rank"
 RANDOM = "__random"
@@ -230,8 +232,9 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     unit = exp.column(bound.privacy_unit, quoted=True) if bound.privacy_unit else None
     if unit is not None:
         inner_items.append(exp.alias_(unit, UNIT))
-        # drawn here because window ORDER BY may not be volatile (DuckDB)
-        inner_items.append(exp.alias_(exp.Rand(), RANDOM))
+        if _samples_rows(plan, dialect):
+            # drawn here: a window's ORDER BY may not be volatile (DuckDB)
+            inner_items.append(exp.alias_(exp.Rand(), RANDOM))
     if not inner_items:  # COUNT(*) alone, without a privacy unit, needs no column
         inner_items.append(exp.alias_(exp.Literal.number(1), "__row"))
     inner = exp.select(*inner_items, copy=False).from_(exp.to_table(table.name, quoted=True),
@@ -240,55 +243,118 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
         inner = inner.where(exp.and_(*filters, copy=False), copy=False)
     source: exp.Expression = inner.subquery("filtered", copy=False)
 
-    bounded_filter: list[exp.Expression] = []
     if unit is not None:
-        unit_ref = exp.column(UNIT)
-        ranks: list[exp.Expression] = [exp.alias_(exp.Window(
-            this=exp.RowNumber(),
-            partition_by=[unit_ref.copy(), *(k.copy() for k in key_refs)],
-            order=exp.Order(expressions=[exp.Ordered(this=exp.column(RANDOM))])), ROW_RANK)]
-        bounded_filter.append(exp.LTE(this=exp.column(ROW_RANK),
-                                      expression=exp.Literal.number(bound.max_rows)))
-        if analysis.keys:
-            ranks.append(exp.alias_(exp.Window(
-                this=exp.Anonymous(this="DENSE_RANK"),
-                partition_by=[unit_ref.copy()],
-                # the keys break (astronomically unlikely) hash ties between distinct groups
-                order=exp.Order(expressions=[
-                    exp.Ordered(this=_group_hash(dialect, [unit_ref.copy(), *key_refs])),
-                    *(exp.Ordered(this=k.copy()) for k in key_refs)])), GROUP_RANK))
-            bounded_filter.append(exp.LTE(this=exp.column(GROUP_RANK),
-                                          expression=exp.Literal.number(bound.max_groups)))
-        source = exp.select(exp.Star(), *ranks, copy=False).from_(source, copy=False) \
-            .subquery("ranked", copy=False)
-
+        source = _bounded_pairs(plan, dialect, source, key_refs, value_names)
     outer_items: list[exp.Expression] = list(key_refs)
     for measurement, value_name in zip(plan.measurements, value_names, strict=True):
         statistic = measurement.statistic
-        if statistic.kind == "sum":
-            agg: exp.Expression = exp.Coalesce(
+        agg: exp.Expression
+        if unit is not None:
+            # one row per kept (unit, group) pair, its contribution already bounded
+            if statistic.kind == "count_units":
+                agg = exp.Count(this=exp.column(UNIT))
+            else:
+                agg = exp.Coalesce(this=exp.Sum(this=exp.column(value_name or ROWS)),
+                                   expressions=[exp.Literal.number(0)])
+        elif statistic.kind == "sum":
+            agg = exp.Coalesce(
                 this=exp.Sum(this=exp.column(value_name)),
                 expressions=[exp.Literal.number(0)])
-        elif statistic.kind == "count_units" and unit is not None:
-            agg = exp.Count(this=exp.Distinct(expressions=[exp.column(UNIT)]))
         elif value_name is not None:
             agg = exp.Count(this=exp.column(value_name))
         else:
             agg = exp.Count(this=exp.Star())
         outer_items.append(exp.alias_(agg, measurement.column))
     if plan.selection is not None:
-        # each group's count of distinct units, for partition selection
-        units = exp.Count(this=exp.Distinct(expressions=[exp.column(UNIT)])) \
-            if unit is not None else exp.Count(this=exp.Star())
+        # each group's count of distinct units (one kept pair each), for partition selection
+        units = exp.Count(this=exp.column(UNIT)) if unit is not None \
+            else exp.Count(this=exp.Star())
         outer_items.append(exp.alias_(units, SELECTION))
     if not plan.reads_data:
         raise ValueError("a plan without measurements reads no data: do not run it")
     outer = exp.select(*outer_items, copy=False).from_(source, copy=False)
-    if bounded_filter:
-        outer = outer.where(exp.and_(*bounded_filter, copy=False), copy=False)
+    if unit is not None and analysis.keys:
+        outer = outer.where(exp.LTE(this=exp.column(GROUP_RANK),
+                                    expression=exp.Literal.number(bound.max_groups)),
+                            copy=False)
     if key_refs:
         outer = outer.group_by(*(k.copy() for k in key_refs), copy=False)
     salted = unit is not None and bool(analysis.keys)
     return Rewritten(outer.sql(dialect=dialect), key_names,
                      tuple(m.column for m in plan.measurements), salted)
 
+
+
+def _samples_rows(plan: QueryPlan, dialect: str) -> bool:
+    """Whether bounding must pick rows at random: a SUM needs the kept rows' values (and
+    on PostgreSQL, which has no MIN_BY(…, n), so does a COUNT of an argument)."""
+    kinds = {m.statistic.kind for m in plan.measurements}
+    if dialect == "duckdb":
+        return "sum" in kinds
+    return "sum" in kinds or any(m.statistic.kind == "count" and m.statistic.argument
+                                 is not None for m in plan.measurements)
+
+
+def _bounded_pairs(plan: QueryPlan, dialect: str, source: exp.Expression,
+                   key_refs: Sequence[exp.Expression], value_names: Sequence[str | None]
+                   ) -> exp.Expression:
+    """The filtered rows reduced to one row per kept (unit, group) pair, each column
+    already bounded: at most `max_rows` rows of the pair count, and (with GROUP BY) a
+    `__group_rank` column the caller keeps ≤ `max_groups` of.
+
+    One hash aggregation per (unit, group) instead of a window sort over all rows:
+    COUNT(*) keeps LEAST(COUNT(*), max_rows) — which rows are kept does not matter for a
+    count; COUNT(v) keeps LEAST(COUNT(v), max_rows); a SUM adds the values of at most
+    `max_rows` rows drawn at random, by `MIN_BY(v, random, max_rows)` on DuckDB (it skips
+    NULL values, which a SUM ignores anyway) and by a ROW_NUMBER window over the rows on
+    PostgreSQL, which has no MIN_BY with a count. Only the pairs (far fewer than rows)
+    are then ranked per unit by a hash salted afresh for each query.
+    """
+    bound = plan.contribution
+    limit = exp.Literal.number(bound.max_rows)
+
+    def at_most_limit(count: exp.Expression) -> exp.Expression:
+        # a count is never NULL: a plain LEAST, not sqlglot's NULL-guarded form
+        return exp.Least(this=count, expressions=[limit.copy()], ignore_nulls=True)
+
+    unit_ref = exp.column(UNIT)
+    sample = _samples_rows(plan, dialect)
+    if sample and dialect != "duckdb":
+        ranked = exp.select(exp.Star(), exp.alias_(exp.Window(
+            this=exp.RowNumber(),
+            partition_by=[unit_ref.copy(), *(k.copy() for k in key_refs)],
+            order=exp.Order(expressions=[exp.Ordered(this=exp.column(RANDOM))])), ROW_RANK),
+            copy=False).from_(source, copy=False)
+        source = exp.select(exp.Star(), copy=False).from_(
+            ranked.subquery("ranked_rows", copy=False), copy=False).where(
+            exp.LTE(this=exp.column(ROW_RANK), expression=limit.copy()), copy=False) \
+            .subquery("kept_rows", copy=False)
+    items: list[exp.Expression] = [exp.alias_(unit_ref.copy(), UNIT),
+                                   *(exp.alias_(k.copy(), k.name) for k in key_refs),
+                                   exp.alias_(at_most_limit(exp.Count(this=exp.Star())), ROWS)]
+    for measurement, name in zip(plan.measurements, value_names, strict=True):
+        if name is None or any(name == i.alias for i in items):
+            continue
+        value = exp.column(name)
+        if measurement.statistic.kind != "sum":
+            kept: exp.Expression = at_most_limit(exp.Count(this=value))
+        elif dialect == "duckdb":
+            kept = exp.Anonymous(this="LIST_SUM", expressions=[exp.ArgMin(
+                this=value, expression=exp.column(RANDOM), count=limit.copy())])
+        else:
+            kept = exp.Sum(this=value)  # the rows were sampled above
+        items.append(exp.alias_(kept, name))
+    pairs = exp.select(*items, copy=False).from_(source, copy=False).group_by(
+        unit_ref.copy(), *(k.copy() for k in key_refs), copy=False)
+    if not key_refs:
+        return pairs.subquery("pairs", copy=False)
+    # each pair is one distinct group of its unit: a ROW_NUMBER by salted hash picks
+    # `max_groups` of them at random (the keys break astronomically unlikely hash ties)
+    rank = exp.Window(
+        this=exp.RowNumber(), partition_by=[unit_ref.copy()],
+        order=exp.Order(expressions=[
+            exp.Ordered(this=_group_hash(dialect, [unit_ref.copy(),
+                                                   *(k.copy() for k in key_refs)])),
+            *(exp.Ordered(this=k.copy()) for k in key_refs)]))
+    return exp.select(exp.Star(), exp.alias_(rank, GROUP_RANK), copy=False).from_(
+        pairs.subquery("pairs", copy=False), copy=False).subquery("ranked", copy=False)

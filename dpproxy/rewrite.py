@@ -8,9 +8,11 @@ never a raw row. Three transformations make it safe to run:
   fails never depends on private values;
 * clamping: each summed value is clamped to its bounds after the row
   expression is evaluated (NULL stays NULL), then centred;
-* contribution bounding: each privacy unit keeps at most `max_rows` randomly
-  chosen rows per group and at most `max_groups` groups, chosen by a hash
-  salted afresh for every query;
+* contribution bounding: each privacy unit keeps at most `max_rows` rows per group
+  (randomly chosen where it matters: for a SUM) and at most `max_groups` groups,
+  chosen by a hash salted afresh for every query — by hash aggregation per (unit,
+  group) pair rather than a window sort over all rows (`_bounded_pairs`); plans
+  with a quantile, and joins that number rows, rank rows with windows (`_ranked_rows`);
 * joins with public tables (`joined_source`) happen first, in the innermost
   subquery, so bounding counts every match of a row as a row of its unit.
 
@@ -45,6 +47,7 @@ from .quantiles import binning_for
 from .rewrite_postgres import clamp_source_postgres, make_total_postgres
 
 UNIT = "__unit"
+ROWS = "__rows"
 ROW_RANK = "__row_rank"
 GROUP_RANK = "__group_rank"
 RANDOM = "__random"
@@ -343,10 +346,15 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     row_ids = unit is None and analysis.fans_out
     if row_ids:
         unit = exp.column(ROW_ID, quoted=True)
+    quantiles = any(m.quantile is not None for m in plan.measurements)
+    # Quantile histograms need each kept row's bin, and numbered rows a window of their own:
+    # both rank rows; every other plan bounds by aggregation per (unit, group) pair.
+    rank_rows = quantiles or row_ids
     if unit is not None:
         inner_items.append(exp.alias_(unit, UNIT))
-        # drawn here because window ORDER BY may not be volatile (DuckDB)
-        inner_items.append(exp.alias_(exp.Rand(), RANDOM))
+        if rank_rows or _samples_rows(plan, dialect):
+            # drawn here: a window's ORDER BY may not be volatile (DuckDB)
+            inner_items.append(exp.alias_(exp.Rand(), RANDOM))
     if not inner_items:  # COUNT(*) alone, without a privacy unit, needs no column
         inner_items.append(exp.alias_(exp.Literal.number(1), "__row"))
     base: exp.Expression = exp.to_table(table.name, quoted=True)
@@ -358,38 +366,27 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     source: exp.Expression = inner.subquery("filtered", copy=False)
 
     bounded_filter: list[exp.Expression] = []
-    if unit is not None:
-        unit_ref = exp.column(UNIT)
-        # A numbered row may touch 1 group with 1 row (max_groups = max_rows = 1): keeping
-        # one random joined row per row satisfies both, with one window instead of two.
-        assert not row_ids or (bound.max_rows, bound.max_groups) == (1, 1)
-        per_group = [] if row_ids else [k.copy() for k in key_refs]
-        ranks: list[exp.Expression] = [exp.alias_(exp.Window(
-            this=exp.RowNumber(),
-            partition_by=[unit_ref.copy(), *per_group],
-            order=exp.Order(expressions=[exp.Ordered(this=exp.column(RANDOM))])), ROW_RANK)]
-        bounded_filter.append(exp.LTE(this=exp.column(ROW_RANK),
-                                      expression=exp.Literal.number(bound.max_rows)))
-        if analysis.keys and not row_ids:
-            ranks.append(exp.alias_(exp.Window(
-                this=exp.Anonymous(this="DENSE_RANK"),
-                partition_by=[unit_ref.copy()],
-                # the keys break (astronomically unlikely) hash ties between distinct groups
-                order=exp.Order(expressions=[
-                    exp.Ordered(this=_group_hash(dialect, [unit_ref.copy(), *key_refs])),
-                    *(exp.Ordered(this=k.copy()) for k in key_refs)])), GROUP_RANK))
-            bounded_filter.append(exp.LTE(this=exp.column(GROUP_RANK),
-                                          expression=exp.Literal.number(bound.max_groups)))
-        source = exp.select(exp.Star(), *ranks, copy=False).from_(source, copy=False) \
-            .subquery("ranked", copy=False)
+    pairs = unit is not None and not rank_rows
+    if pairs:
+        source = _bounded_pairs(plan, dialect, source, key_refs, value_names)
+    elif unit is not None:
+        source, bounded_filter = _ranked_rows(plan, dialect, source, key_refs, row_ids)
 
-    if any(m.quantile is not None for m in plan.measurements):
+    if quantiles:
         return _rewrite_binned(plan, dialect, source, bounded_filter, key_names, value_names)
     outer_items: list[exp.Expression] = list(key_refs)
     for measurement, value_name in zip(plan.measurements, value_names, strict=True):
         statistic = measurement.statistic
-        if statistic.kind == "sum":
-            agg: exp.Expression = exp.Coalesce(
+        agg: exp.Expression
+        if pairs:
+            # one row per kept (unit, group) pair, its contribution already bounded
+            if statistic.kind == "count_units":
+                agg = exp.Count(this=exp.column(UNIT))
+            else:
+                agg = exp.Coalesce(this=exp.Sum(this=exp.column(value_name or ROWS)),
+                                   expressions=[exp.Literal.number(0)])
+        elif statistic.kind == "sum":
+            agg = exp.Coalesce(
                 this=exp.Sum(this=exp.column(value_name)),
                 expressions=[exp.Literal.number(0)])
         elif statistic.kind == "count_units" and unit is not None:
@@ -400,13 +397,17 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
             agg = exp.Count(this=exp.Star())
         outer_items.append(exp.alias_(agg, measurement.column))
     if plan.selection is not None:
-        # each group's count of distinct units, for partition selection
-        units = exp.Count(this=exp.Distinct(expressions=[exp.column(UNIT)])) \
-            if unit is not None else exp.Count(this=exp.Star())
+        # each group's count of distinct units (one kept pair each), for partition selection
+        units = (exp.Count(this=exp.column(UNIT)) if pairs
+                 else exp.Count(this=exp.Distinct(expressions=[exp.column(UNIT)]))
+                 if unit is not None else exp.Count(this=exp.Star()))
         outer_items.append(exp.alias_(units, SELECTION))
     if not plan.reads_data:
         raise ValueError("a plan without measurements reads no data: do not run it")
     outer = exp.select(*outer_items, copy=False).from_(source, copy=False)
+    if pairs and analysis.keys:
+        bounded_filter.append(exp.LTE(this=exp.column(GROUP_RANK),
+                                      expression=exp.Literal.number(bound.max_groups)))
     if bounded_filter:
         outer = outer.where(exp.and_(*bounded_filter, copy=False), copy=False)
     if key_refs:
@@ -417,6 +418,115 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     return Rewritten(outer.sql(dialect=dialect, copy=False), key_names,
                      tuple(m.column for m in plan.measurements), salted)
 
+
+
+def _samples_rows(plan: QueryPlan, dialect: str) -> bool:
+    """Whether bounding must pick rows at random: a SUM needs the kept rows' values (and
+    on PostgreSQL, which has no MIN_BY(…, n), so does a COUNT of an argument)."""
+    kinds = {m.statistic.kind for m in plan.measurements}
+    if dialect == "duckdb":
+        return "sum" in kinds
+    return "sum" in kinds or any(m.statistic.kind == "count" and m.statistic.argument
+                                 is not None for m in plan.measurements)
+
+
+def _bounded_pairs(plan: QueryPlan, dialect: str, source: exp.Expression,
+                   key_refs: Sequence[exp.Expression], value_names: Sequence[str | None]
+                   ) -> exp.Expression:
+    """The filtered rows reduced to one row per kept (unit, group) pair, each column
+    already bounded: at most `max_rows` rows of the pair count, and (with GROUP BY) a
+    `__group_rank` column the caller keeps ≤ `max_groups` of.
+
+    One hash aggregation per (unit, group) instead of a window sort over all rows:
+    COUNT(*) keeps LEAST(COUNT(*), max_rows) — which rows are kept does not matter for a
+    count; COUNT(v) keeps LEAST(COUNT(v), max_rows); a SUM adds the values of at most
+    `max_rows` rows drawn at random, by `MIN_BY(v, random, max_rows)` on DuckDB (it skips
+    NULL values, which a SUM ignores anyway) and by a ROW_NUMBER window over the rows on
+    PostgreSQL, which has no MIN_BY with a count. Only the pairs (far fewer than rows)
+    are then ranked per unit by a hash salted afresh for each query.
+    """
+    bound = plan.contribution
+    limit = exp.Literal.number(bound.max_rows)
+
+    def at_most_limit(count: exp.Expression) -> exp.Expression:
+        # a count is never NULL: a plain LEAST, not sqlglot's NULL-guarded form
+        return exp.Least(this=count, expressions=[limit.copy()], ignore_nulls=True)
+
+    unit_ref = exp.column(UNIT)
+    sample = _samples_rows(plan, dialect)
+    if sample and dialect != "duckdb":
+        ranked = exp.select(exp.Star(), exp.alias_(exp.Window(
+            this=exp.RowNumber(),
+            partition_by=[unit_ref.copy(), *(k.copy() for k in key_refs)],
+            order=exp.Order(expressions=[exp.Ordered(this=exp.column(RANDOM))])), ROW_RANK),
+            copy=False).from_(source, copy=False)
+        source = exp.select(exp.Star(), copy=False).from_(
+            ranked.subquery("ranked_rows", copy=False), copy=False).where(
+            exp.LTE(this=exp.column(ROW_RANK), expression=limit.copy()), copy=False) \
+            .subquery("kept_rows", copy=False)
+    items: list[exp.Expression] = [exp.alias_(unit_ref.copy(), UNIT),
+                                   *(exp.alias_(k.copy(), k.name) for k in key_refs),
+                                   exp.alias_(at_most_limit(exp.Count(this=exp.Star())), ROWS)]
+    for measurement, name in zip(plan.measurements, value_names, strict=True):
+        if name is None or any(name == i.alias for i in items):
+            continue
+        value = exp.column(name)
+        if measurement.statistic.kind != "sum":
+            kept: exp.Expression = at_most_limit(exp.Count(this=value))
+        elif dialect == "duckdb":
+            kept = exp.Anonymous(this="LIST_SUM", expressions=[exp.ArgMin(
+                this=value, expression=exp.column(RANDOM), count=limit.copy())])
+        else:
+            kept = exp.Sum(this=value)  # the rows were sampled above
+        items.append(exp.alias_(kept, name))
+    pairs = exp.select(*items, copy=False).from_(source, copy=False).group_by(
+        unit_ref.copy(), *(k.copy() for k in key_refs), copy=False)
+    if not key_refs:
+        return pairs.subquery("pairs", copy=False)
+    # each pair is one distinct group of its unit: a ROW_NUMBER by salted hash picks
+    # `max_groups` of them at random (the keys break astronomically unlikely hash ties)
+    rank = exp.Window(
+        this=exp.RowNumber(), partition_by=[unit_ref.copy()],
+        order=exp.Order(expressions=[
+            exp.Ordered(this=_group_hash(dialect, [unit_ref.copy(),
+                                                   *(k.copy() for k in key_refs)])),
+            *(exp.Ordered(this=k.copy()) for k in key_refs)]))
+    return exp.select(exp.Star(), exp.alias_(rank, GROUP_RANK), copy=False).from_(
+        pairs.subquery("pairs", copy=False), copy=False).subquery("ranked", copy=False)
+
+
+def _ranked_rows(plan: QueryPlan, dialect: str, source: exp.Expression,
+                 key_refs: Sequence[exp.Expression], row_ids: bool
+                 ) -> tuple[exp.Expression, list[exp.Expression]]:
+    """The filtered rows with window ranks, and the filter that keeps a unit's first
+    `max_rows` rows (in random order) per group in its first `max_groups` groups (by salted
+    hash); with numbered rows (`row_ids`), one random joined row per row."""
+    bound = plan.contribution
+    bounded_filter: list[exp.Expression] = []
+    unit_ref = exp.column(UNIT)
+    # A numbered row may touch 1 group with 1 row (max_groups = max_rows = 1): keeping
+    # one random joined row per row satisfies both, with one window instead of two.
+    assert not row_ids or (bound.max_rows, bound.max_groups) == (1, 1)
+    per_group = [] if row_ids else [k.copy() for k in key_refs]
+    ranks: list[exp.Expression] = [exp.alias_(exp.Window(
+        this=exp.RowNumber(),
+        partition_by=[unit_ref.copy(), *per_group],
+        order=exp.Order(expressions=[exp.Ordered(this=exp.column(RANDOM))])), ROW_RANK)]
+    bounded_filter.append(exp.LTE(this=exp.column(ROW_RANK),
+                                  expression=exp.Literal.number(bound.max_rows)))
+    if key_refs and not row_ids:
+        ranks.append(exp.alias_(exp.Window(
+            this=exp.Anonymous(this="DENSE_RANK"),
+            partition_by=[unit_ref.copy()],
+            # the keys break (astronomically unlikely) hash ties between distinct groups
+            order=exp.Order(expressions=[
+                exp.Ordered(this=_group_hash(dialect, [unit_ref.copy(), *key_refs])),
+                *(exp.Ordered(this=k.copy()) for k in key_refs)])), GROUP_RANK))
+        bounded_filter.append(exp.LTE(this=exp.column(GROUP_RANK),
+                                      expression=exp.Literal.number(bound.max_groups)))
+    source = exp.select(exp.Star(), *ranks, copy=False).from_(source, copy=False) \
+        .subquery("ranked", copy=False)
+    return source, bounded_filter
 
 
 def _rewrite_binned(plan: QueryPlan, dialect: str, source: exp.Expression,

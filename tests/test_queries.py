@@ -613,7 +613,7 @@ def test_explain_shows_plan_and_charges_nothing(alice: Session) -> None:
     assert "L1 sensitivity 99" in text
     assert "Cost: ε=0.1" in text
     assert "14 group(s) released" in text
-    assert "SELECT" in text and "__row_rank" in text  # the rewritten SQL
+    assert "SELECT" in text and "__group_rank" in text  # the rewritten SQL
     # nothing about the data: the exact sum is nowhere in the plan
     assert "163016" not in text
 

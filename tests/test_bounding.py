@@ -1,0 +1,240 @@
+"""Contribution bounding by per-(unit, group) aggregation, on real DuckDB and PostgreSQL.
+
+`rewrite._bounded_pairs` replaces the window sort over all rows by one hash aggregation
+per (unit, group) pair: LEAST(COUNT(*), max_rows) for counts, MIN_BY(v, random,
+max_rows) (DuckDB) or a ROW_NUMBER over the rows (PostgreSQL) for sums, and a salted-hash
+ROW_NUMBER over the pairs for the groups-per-unit bound. These tests read the exact,
+pre-noise statistics through `rewrite()` + `backend.run_aggregate()` and check:
+
+* on hand-built data where every unit exceeds the bounds, the bounded statistics equal
+  their closed-form values exactly;
+* a unit with 50 rows moves no statistic by more than the plan's declared sensitivity:
+  table `h` holds it plus light units that never reach a bound, table `h0` the same
+  light units alone, so the difference of the two answers is that unit's contribution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import psycopg
+import pytest
+
+from dpproxy.analyze import Analysis, analyze
+from dpproxy.backends import Backend, open_backend
+from dpproxy.parse import parse_statements
+from dpproxy.plan import QueryOptions, QueryPlan, plan_query
+from dpproxy.policy import Policy, load_policy
+from dpproxy.rewrite import rewrite
+
+MAX_ROWS, MAX_GROUPS, UPPER = 2, 2, 100
+GROUPS = "abcde"
+HEAVY_ROWS = 50
+
+POLICY = """
+[backend]
+BACKEND
+
+[ledger]
+path = "bounding.ledger.sqlite"
+
+[audit]
+path = "bounding.audit.jsonl"
+
+[privacy]
+default_epsilon = 1.0
+
+TABLES
+
+[analysts.bob]
+budget = { epsilon = 1e9, delta = 0.5 }
+tables = ["e", "h", "h0"]
+"""
+
+TABLE = """
+[tables.NAME]
+privacy_unit = "uid"
+max_rows_per_unit = 2
+max_groups_per_unit = 2
+
+[tables.NAME.columns]
+uid = { type = "int", nullable = false }
+g = { type = "text", public_values = ["a", "b", "c", "d", "e"] }
+v = { type = "int", lower = 0, upper = 100 }
+x = { type = "float", lower = 0, upper = 100 }
+"""
+
+
+def even_rows() -> list[tuple[Any, ...]]:
+    """Units 1..100: 5 rows, one in each group; units 101..150: 5 rows, all in group a.
+    v = 10 everywhere; x = the row's index within its unit."""
+    rows = [(u, GROUPS[j], 10, float(j)) for u in range(1, 101) for j in range(5)]
+    rows += [(u, "a", 10, float(j)) for u in range(101, 151) for j in range(5)]
+    return rows
+
+
+def light_rows() -> list[tuple[Any, ...]]:
+    """Units 1..200 with 1 or 2 rows, all in one group: no bound ever binds for them, so
+    bounding keeps all their rows whatever the salt and the random draws."""
+    rows = []
+    for u in range(1, 201):
+        for j in range(1 + u % 2):
+            rows.append((u, GROUPS[u % 5], u % 101, float((u + j) % 100)))
+    return rows
+
+
+def heavy_rows() -> list[tuple[Any, ...]]:
+    """Unit 0: 50 rows, 10 in each group; v = 100 except NULL on every 7th row; x = j."""
+    return [(0, GROUPS[j % 5], None if j % 7 == 0 else UPPER, float(j))
+            for j in range(HEAVY_ROWS)]
+
+
+TABLES = {"e": even_rows(), "h": heavy_rows() + light_rows(), "h0": light_rows()}
+
+
+@pytest.fixture(scope="module")
+def duckdb_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("bounding") / "bounding.duckdb"
+    con = duckdb.connect(str(path))
+    for name, rows in TABLES.items():
+        con.execute(f"CREATE TABLE {name} (uid INTEGER NOT NULL, g VARCHAR, v INTEGER, "
+                    "x DOUBLE)")
+        con.executemany(f"INSERT INTO {name} VALUES (?, ?, ?, ?)", rows)
+    con.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def postgres_dsn(pg_dsn: str) -> Iterator[str]:
+    from tests.pg import scratch_database
+
+    with scratch_database(pg_dsn) as dsn:
+        with psycopg.connect(dsn) as con, con.cursor() as cur:
+            for name, rows in TABLES.items():
+                cur.execute(f"CREATE TABLE {name} (uid INTEGER NOT NULL, g TEXT, v INTEGER, "
+                            "x DOUBLE PRECISION)")
+                cur.executemany(f"INSERT INTO {name} VALUES (%s, %s, %s, %s)", rows)
+        yield dsn
+
+
+@pytest.fixture(params=["duckdb", "postgres"])
+def policy(request: pytest.FixtureRequest, tmp_path: Path) -> Policy:
+    if request.param == "duckdb":
+        path = request.getfixturevalue("duckdb_file")
+        backend = f'kind = "duckdb"\npath = "{path.as_posix()}"'
+    else:
+        backend = f'kind = "postgres"\ndsn = "{request.getfixturevalue("postgres_dsn")}"'
+    tables = "\n".join(TABLE.replace("NAME", name) for name in TABLES)
+    file = tmp_path / "bounding.toml"
+    file.write_text(POLICY.replace("BACKEND", backend).replace("TABLES", tables))
+    return load_policy(file)
+
+
+@pytest.fixture
+def backend(policy: Policy) -> Iterator[Backend]:
+    opened = open_backend(policy)
+    yield opened
+    opened.close()
+
+
+def plan_of(policy: Policy, sql: str) -> QueryPlan:
+    ast = parse_statements(sql)[0].ast
+    assert ast is not None
+    analysis = analyze(ast, policy, policy.analyst("bob"))
+    assert isinstance(analysis, Analysis)
+    return plan_query(analysis, QueryOptions(1.0, 1e-6, "laplace"))
+
+
+def exact(backend: Backend, plan: QueryPlan) -> dict[tuple[Any, ...], tuple[float, ...]]:
+    """keys → the plan's exact bounded statistics, one fresh salt per call."""
+    rewritten = rewrite(plan, "postgres" if type(backend).__name__.startswith("Postgres")
+                        else "duckdb")
+    rows = backend.run_aggregate(rewritten.sql, rewritten.parameters())
+    k = len(rewritten.key_columns)
+    return {tuple(r[:k]): tuple(float(v) for v in r[k:]) for r in rows}  # type: ignore[arg-type]
+
+
+# -- exact values on hand-built data ----------------------------------------------------------
+
+def test_every_unit_over_the_row_bound_keeps_exactly_max_rows(policy: Policy,
+                                                              backend: Backend) -> None:
+    """150 units of 5 rows each, max_rows = 2: COUNT(*) = COUNT(v) = 2·150 = 300 and
+    SUM(v) = 300·10 exactly; COUNT(DISTINCT uid) is not bounded by rows: 150."""
+    plan = plan_of(policy, "SELECT COUNT(*), COUNT(v), SUM(v), COUNT(DISTINCT uid) FROM e")
+    for _ in range(3):
+        assert exact(backend, plan) == {(): (300.0, 300.0, 3000.0, 150.0)}
+
+
+def test_sum_keeps_random_rows(policy: Policy, backend: Backend) -> None:
+    """SUM(x) with x = 0..4 per unit keeps 2 of the 5 values of each of 150 units: between
+    150·(0+1) and 150·(3+4), and not the same every time (a repeat of one value across
+    5 runs has probability far below 1e-9 with 150 independent draws)."""
+    plan = plan_of(policy, "SELECT SUM(x) FROM e")
+    sums = [exact(backend, plan)[()][0] for _ in range(5)]
+    assert all(150 * 1 <= s <= 150 * 7 for s in sums)
+    assert len(set(sums)) > 1
+
+
+def test_every_unit_over_the_group_bound_keeps_exactly_max_groups(policy: Policy,
+                                                                  backend: Backend) -> None:
+    """Units 1..100 have one row in each of 5 groups (max_groups = 2): 2 rows each;
+    units 101..150 have 5 rows in group a (max_rows = 2): 2 rows each. So the counts over
+    all groups add up to 300 exactly, group a holds at least 100, and COUNT(DISTINCT uid)
+    adds up to 2·100 + 50 = 250."""
+    plan = plan_of(policy, "SELECT g, COUNT(*), SUM(v), COUNT(DISTINCT uid) FROM e "
+                   "GROUP BY g")
+    seen = set()
+    for _ in range(3):
+        got = exact(backend, plan)
+        assert set(got) <= {(g,) for g in GROUPS}
+        assert sum(c for c, _, _ in got.values()) == 300
+        assert sum(s for _, s, _ in got.values()) == 3000
+        assert sum(u for _, _, u in got.values()) == 250
+        assert got[("a",)][0] >= 100
+        seen.add(tuple(sorted(got.items())))
+    # the salt changes which groups the units keep: 3 identical draws for 100 units choosing
+    # 2 of 5 groups each have probability 10^-200
+    assert len(seen) > 1
+
+
+# -- a unit with 50 rows moves each statistic by at most its sensitivity --------------------
+
+QUERIES = [
+    "SELECT COUNT(*), COUNT(v), SUM(v), AVG(v), SUM(x), COUNT(DISTINCT uid) FROM TABLE",
+    "SELECT g, COUNT(*), COUNT(v), SUM(v), AVG(v), SUM(x), COUNT(DISTINCT uid) FROM TABLE "
+    "GROUP BY g",
+    "SELECT g, SUM(x) FROM TABLE WHERE x > 10 GROUP BY g",
+]
+
+
+@pytest.mark.parametrize("sql", QUERIES)
+def test_heavy_unit_moves_no_answer_beyond_its_bound(policy: Policy, backend: Backend,
+                                                     sql: str) -> None:
+    """Unit 0 has 50 rows, 10 per group. Light units never reach a bound, so the answer
+    on h minus the answer on h0 (the same rows without unit 0) is exactly what unit 0
+    contributes after bounding: per measurement, the sum over groups of its absolute
+    value is at most the plan's L1 sensitivity, no group moves by more than max_rows
+    rows' worth, and at most max_groups groups move at all."""
+    plan = plan_of(policy, sql.replace("TABLE", "h"))
+    without_plan = plan_of(policy, sql.replace("TABLE", "h0"))
+    without = exact(backend, without_plan)
+    assert exact(backend, without_plan) == without  # light units: no randomness at all
+    for _ in range(10):
+        got = exact(backend, plan)
+        assert set(without) <= set(got)
+        for index, measurement in enumerate(plan.measurements):
+            change = {key: got[key][index] - without.get(key, (0.0,) * len(got[key]))[index]
+                      for key in got}
+            assert sum(abs(c) for c in change.values()) <= measurement.sensitivity + 1e-6
+            assert sum(1 for c in change.values() if c) <= MAX_GROUPS
+            if measurement.statistic.kind == "count":
+                assert all(0 <= c <= MAX_ROWS for c in change.values())
+            if measurement.statistic.kind == "count" and measurement.statistic.argument \
+                    is None:
+                # unit 0 has ≥ 10 rows in every group: COUNT(*)'s bound is met exactly,
+                # in 1 group without GROUP BY (COUNT(v) may keep a NULL row on PostgreSQL)
+                groups = MAX_GROUPS if plan.analysis.keys else 1
+                assert sum(change.values()) == MAX_ROWS * groups

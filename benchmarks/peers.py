@@ -501,15 +501,24 @@ def main() -> None:
                                            tmp / "duck.sqlite"))
         results["people"] = {t: duckdb.connect(str(duck), read_only=True).execute(
             f"SELECT COUNT(DISTINCT uid) FROM {t}").fetchone()[0] for t in ("t", "v")}  # type: ignore[index]
+        systems: dict[str, dict[str, Any]] = {}
+
+        def checkpoint() -> None:
+            # every phase's raw figures are kept at once: a later failure loses nothing
+            if args.raw:
+                args.raw.write_text(json.dumps({"results": results, "systems": systems},
+                                               default=str))
+
         print("proxy overhead …", file=sys.stderr)
         results["proxy_overhead_ms"] = proxy_overhead(duck_policy, QUERIES,
                                                       args.overhead_runs)
         print("exact and dpproxy on DuckDB …", file=sys.stderr)
         exact_duck = run_exact(lambda: duckdb.connect(str(duck), read_only=True), QUERIES,
                                max(args.runs, 5))
-        dp_duck = run_dpproxy(duck_policy, QUERIES, max(args.runs, args.error_runs))
-        systems: dict[str, dict[str, Any]] = {"exact_duckdb": exact_duck,
-                                              "dpproxy_duckdb": dp_duck}
+        systems["exact_duckdb"] = exact_duck
+        systems["dpproxy_duckdb"] = run_dpproxy(duck_policy, QUERIES,
+                                                max(args.runs, args.error_runs))
+        checkpoint()
         pg_dsn = pg_table_dsn = None
         try:
             with psycopg.connect(args.pg_dsn, connect_timeout=5) as con:
@@ -532,26 +541,29 @@ def main() -> None:
                     max(args.runs, 5))
                 systems["dpproxy_postgres"] = run_dpproxy(pg_policy, QUERIES,
                                                           max(args.runs, 5))
-            if not args.skip_smartnoise:
-                if pg_dsn is not None:
+                checkpoint()
+                if not args.skip_smartnoise:
                     print("SmartNoise on PostgreSQL …", file=sys.stderr)
                     systems["smartnoise_postgres"] = run_smartnoise(
                         "postgres", pg_dsn, QUERIES, max(args.runs, args.error_runs), tmp)
-                print("SmartNoise on pandas …", file=sys.stderr)
-                systems["smartnoise_pandas"] = run_smartnoise(
-                    "pandas", {f"{SCHEMA}.{t}": str(parquet / f"{t}.parquet")
-                               for t in ("t", "v")}, QUERIES, max(args.runs, 5), tmp)
+                    checkpoint()
             print("error vs ε …", file=sys.stderr)
             results["sweep"] = error_sweep(duck_policy, pg_dsn, sweep, args.sweep_runs,
                                            exact_duck, tmp, not args.skip_smartnoise)
+            checkpoint()
         finally:
             if pg_dsn is not None:
                 drop_postgres(pg_dsn)
         if args.bound_rows:
             print(f"bounding on {args.bound_rows:,} rows …", file=sys.stderr)
             results["bounding"] = bounding(args.bound_rows, max(args.runs, 3), tmp)
-    if args.raw:
-        args.raw.write_text(json.dumps({"results": results, "systems": systems}, default=str))
+            checkpoint()
+        if not args.skip_smartnoise:
+            print("SmartNoise on pandas …", file=sys.stderr)
+            systems["smartnoise_pandas"] = run_smartnoise(
+                "pandas", {f"{SCHEMA}.{t}": str(parquet / f"{t}.parquet")
+                           for t in ("t", "v")}, QUERIES, max(args.runs, 5), tmp)
+            checkpoint()
     publish(results, systems, args.out)
 
 
@@ -563,7 +575,8 @@ def publish(results: dict[str, Any], systems: dict[str, Any], out: Path) -> None
     (out / "peers.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     table = markdown(results)
     (out / "peers.md").write_text(table)
-    plot(results["sweep"], out / "peers.png")
+    if "sweep" in results:
+        plot(results["sweep"], out / "peers.png")
     if out.resolve() == RESULTS.resolve():
         quote_in_readme("peers", table)
     print(table)
@@ -585,6 +598,9 @@ def summarize(systems: dict[str, dict[str, Any]], exact: dict[str, dict[str, Any
             if q.name not in per_query:
                 continue
             r = per_query[q.name]
+            if "error" in r:  # SmartNoise refused the query at this budget
+                out[system][q.name] = {"error": r["error"]}
+                continue
             entry: dict[str, Any] = {"median_ms": median(r["times_ms"]),
                                      "runs": len(r["times_ms"])}
             for extra in ("epsilon_per_statistic", "delta_parameter", "query_epsilon",
@@ -610,7 +626,9 @@ def error_sweep(duck_policy: Path, pg_dsn: str | None, sweep: Sequence[float], r
         out["dpproxy"].append(sweep_point(q, exact, answers))
         if smartnoise and pg_dsn is not None:
             sn = run_smartnoise("postgres", pg_dsn, [q], runs, tmp, epsilon)[q.name]
-            out["smartnoise"].append(sweep_point(q, exact, sn["answers"]))
+            # None: SmartNoise refuses this ε (its noise scale would be too large)
+            out["smartnoise"].append(sweep_point(q, exact, sn["answers"])
+                                     if "answers" in sn else None)
     return out
 
 
@@ -642,7 +660,7 @@ def markdown(r: dict[str, Any]) -> str:
     for q in QUERIES:
         def ms(system: str, name: str = q.name) -> float | None:
             entry = s.get(system, {}).get(name)
-            return entry["median_ms"] if isinstance(entry, dict) else None
+            return entry.get("median_ms") if isinstance(entry, dict) else None
 
         dd, ed, dp, ep = (ms("dpproxy_duckdb"), ms("exact_duckdb"), ms("dpproxy_postgres"),
                           ms("exact_postgres"))
@@ -668,6 +686,8 @@ def markdown(r: dict[str, Any]) -> str:
     for q in QUERIES:
         mine = s["dpproxy_duckdb"][q.name]
         theirs = s.get("smartnoise_postgres", {}).get(q.name)
+        if theirs and "error" in theirs:
+            theirs = None
         for i, stat in enumerate(mine["per_statistic"]):
             other = theirs["per_statistic"][i] if theirs else None
             lines.append(
@@ -742,7 +762,7 @@ def plot(sweep: dict[str, Any], path: Path) -> None:
         if not points:
             continue
         for stat, label in (("0", "COUNT"), ("1", "AVG(income)")):
-            ys = [p.get(stat) for p in points]
+            ys = [p.get(stat) if p else None for p in points]
             xs = [e for e, y in zip(sweep["epsilon"], ys, strict=True) if y]
             ax.plot(xs, [y for y in ys if y], style,
                     label=f"{'dpproxy' if system == 'dpproxy' else 'SmartNoise SQL'} {label}")

@@ -66,23 +66,29 @@ def main() -> None:
         job["connection"] = psycopg2.connect(job["data"])
     results = []
     for query in job["queries"]:
-        per_statistic, delta_parameter, cost, cost_delta = matched_budget(
-            job, query["sql"], query["epsilon"], query["delta"])
-        reader = open_reader(job, per_statistic, delta_parameter)
-        for _ in range(query["warmup"]):
-            reader.execute(query["sql"])
-        times, answers = [], []
-        for _ in range(query["runs"]):
-            start = time.perf_counter()
-            rows = reader.execute(query["sql"])
-            times.append((time.perf_counter() - start) * 1000)
-            answers.append([list(r) for r in rows[1:]])  # rows[0] is the header
-        results.append({"name": query["name"], "epsilon_per_statistic": per_statistic,
-                        "delta_parameter": delta_parameter,
-                        "query_epsilon": cost, "query_delta": cost_delta,
-                        "times_ms": times, "answers": answers})
+        try:
+            results.append(run_query(job, query))
+        except Exception as exc:  # SmartNoise refuses some settings (e.g. a tiny ε)
+            results.append({"name": query["name"], "error": f"{type(exc).__name__}: {exc}"})
     with open(out_path, "w") as f:
         json.dump({"version": snsql_version(), "results": results}, f, default=float)
+
+
+def run_query(job: dict[str, Any], query: dict[str, Any]) -> dict[str, Any]:
+    per_statistic, delta_parameter, cost, cost_delta = matched_budget(
+        job, query["sql"], query["epsilon"], query["delta"])
+    reader = open_reader(job, per_statistic, delta_parameter)
+    for _ in range(query["warmup"]):
+        reader.execute(query["sql"])
+    times, answers = [], []
+    for _ in range(query["runs"]):
+        start = time.perf_counter()
+        rows = reader.execute(query["sql"])
+        times.append((time.perf_counter() - start) * 1000)
+        answers.append([list(r) for r in rows[1:]])  # rows[0] is the header
+    return {"name": query["name"], "epsilon_per_statistic": per_statistic,
+            "delta_parameter": delta_parameter, "query_epsilon": cost,
+            "query_delta": cost_delta, "times_ms": times, "answers": answers}
 
 
 def snsql_version() -> str:

@@ -23,12 +23,11 @@ import duckdb
 import psycopg
 import pytest
 
-from dpproxy.analyze import Analysis, analyze
 from dpproxy.backends import Backend, open_backend
-from dpproxy.parse import parse_statements
-from dpproxy.plan import QueryOptions, QueryPlan, plan_query
 from dpproxy.policy import Policy, load_policy
-from dpproxy.rewrite import rewrite
+from tests.exact import exact_rows, plan_for
+
+ANALYST = "bob"  # the analyst of this file's policy
 
 MAX_ROWS, MAX_GROUPS, UPPER = 2, 2, 100
 GROUPS = "abcde"
@@ -140,40 +139,24 @@ def backend(policy: Policy) -> Iterator[Backend]:
     opened.close()
 
 
-def plan_of(policy: Policy, sql: str) -> QueryPlan:
-    ast = parse_statements(sql)[0].ast
-    assert ast is not None
-    analysis = analyze(ast, policy, policy.analyst("bob"))
-    assert isinstance(analysis, Analysis)
-    return plan_query(analysis, QueryOptions(1.0, 1e-6, "laplace"))
-
-
-def exact(backend: Backend, plan: QueryPlan) -> dict[tuple[Any, ...], tuple[float, ...]]:
-    """keys → the plan's exact bounded statistics, one fresh salt per call."""
-    rewritten = rewrite(plan, "postgres" if type(backend).__name__.startswith("Postgres")
-                        else "duckdb")
-    rows = backend.run_aggregate(rewritten.sql, rewritten.parameters())
-    k = len(rewritten.key_columns)
-    return {tuple(r[:k]): tuple(float(v) for v in r[k:]) for r in rows}  # type: ignore[arg-type]
-
-
 # -- exact values on hand-built data ----------------------------------------------------------
 
 def test_every_unit_over_the_row_bound_keeps_exactly_max_rows(policy: Policy,
                                                               backend: Backend) -> None:
     """150 units of 5 rows each, max_rows = 2: COUNT(*) = COUNT(v) = 2·150 = 300 and
     SUM(v) = 300·10 exactly; COUNT(DISTINCT uid) is not bounded by rows: 150."""
-    plan = plan_of(policy, "SELECT COUNT(*), COUNT(v), SUM(v), COUNT(DISTINCT uid) FROM e")
+    plan = plan_for(policy, "SELECT COUNT(*), COUNT(v), SUM(v), COUNT(DISTINCT uid) FROM e",
+                    analyst=ANALYST)
     for _ in range(3):
-        assert exact(backend, plan) == {(): (300.0, 300.0, 3000.0, 150.0)}
+        assert exact_rows(backend, plan) == {(): (300.0, 300.0, 3000.0, 150.0)}
 
 
 def test_sum_keeps_random_rows(policy: Policy, backend: Backend) -> None:
     """SUM(x) with x = 0..4 per unit keeps 2 of the 5 values of each of 150 units: between
     150·(0+1) and 150·(3+4), and not the same every time (a repeat of one value across
     5 runs has probability far below 1e-9 with 150 independent draws)."""
-    plan = plan_of(policy, "SELECT SUM(x) FROM e")
-    sums = [exact(backend, plan)[()][0] for _ in range(5)]
+    plan = plan_for(policy, "SELECT SUM(x) FROM e", analyst=ANALYST)
+    sums = [exact_rows(backend, plan)[()][0] for _ in range(5)]
     assert all(150 * 1 <= s <= 150 * 7 for s in sums)
     assert len(set(sums)) > 1
 
@@ -184,11 +167,11 @@ def test_every_unit_over_the_group_bound_keeps_exactly_max_groups(policy: Policy
     units 101..150 have 5 rows in group a (max_rows = 2): 2 rows each. So the counts over
     all groups add up to 300 exactly, group a holds at least 100, and COUNT(DISTINCT uid)
     adds up to 2·100 + 50 = 250."""
-    plan = plan_of(policy, "SELECT g, COUNT(*), SUM(v), COUNT(DISTINCT uid) FROM e "
-                   "GROUP BY g")
+    plan = plan_for(policy, "SELECT g, COUNT(*), SUM(v), COUNT(DISTINCT uid) FROM e "
+                   "GROUP BY g", analyst=ANALYST)
     seen = set()
     for _ in range(3):
-        got = exact(backend, plan)
+        got = exact_rows(backend, plan)
         assert set(got) <= {(g,) for g in GROUPS}
         assert sum(c for c, _, _ in got.values()) == 300
         assert sum(s for _, s, _ in got.values()) == 3000
@@ -218,12 +201,12 @@ def test_heavy_unit_moves_no_answer_beyond_its_bound(policy: Policy, backend: Ba
     contributes after bounding: per measurement, the sum over groups of its absolute
     value is at most the plan's L1 sensitivity, no group moves by more than max_rows
     rows' worth, and at most max_groups groups move at all."""
-    plan = plan_of(policy, sql.replace("TABLE", "h"))
-    without_plan = plan_of(policy, sql.replace("TABLE", "h0"))
-    without = exact(backend, without_plan)
-    assert exact(backend, without_plan) == without  # light units: no randomness at all
+    plan = plan_for(policy, sql.replace("TABLE", "h"), analyst=ANALYST)
+    without_plan = plan_for(policy, sql.replace("TABLE", "h0"), analyst=ANALYST)
+    without = exact_rows(backend, without_plan)
+    assert exact_rows(backend, without_plan) == without  # light units: no randomness at all
     for _ in range(10):
-        got = exact(backend, plan)
+        got = exact_rows(backend, plan)
         assert set(without) <= set(got)
         for index, measurement in enumerate(plan.measurements):
             change = {key: got[key][index] - without.get(key, (0.0,) * len(got[key]))[index]

@@ -33,14 +33,14 @@ import psycopg
 import pytest
 
 from dpproxy import errors
-from dpproxy.analyze import Analysis, analyze
 from dpproxy.backends.duckdb import DuckDBBackend
 from dpproxy.backends.postgres import PostgresBackend
-from dpproxy.parse import parse_statements
-from dpproxy.plan import QueryOptions, QueryPlan, plan_query
 from dpproxy.policy import Policy, load_policy
 from dpproxy.rewrite import ROW_ID, rewrite
 from dpproxy.session import Engine, Session
+from tests.exact import exact_rows, plan_for
+
+ANALYST = "ana"  # the analyst of this file's policy
 
 EPS = 1_000_000.0
 TOL = 0.05
@@ -234,23 +234,6 @@ def exact_con(joins_database: Path, tmp_path_factory: pytest.TempPathFactory
     con.close()
 
 
-def plan_for(policy: Policy, sql: str) -> QueryPlan:
-    ast = parse_statements(sql)[0].ast
-    assert ast is not None
-    analysis = analyze(ast, policy, policy.analyst("ana"))
-    assert isinstance(analysis, Analysis)
-    return plan_query(analysis, QueryOptions(1.0, 1e-6, "laplace"))
-
-
-def exact_rows(backend: Any, plan: QueryPlan) -> dict[tuple[Any, ...], tuple[float, ...]]:
-    """Per-group exact statistics of the rewritten statement: keys → measurements."""
-    rewritten = rewrite(plan, backend.dialect)
-    rows = backend.run_aggregate(rewritten.sql, rewritten.parameters())
-    k = len(rewritten.key_columns)
-    width = k + len(rewritten.measurement_columns)
-    return {tuple(r[:k]): tuple(float(v) for v in r[k:width]) for r in rows}
-
-
 def spent(session: Session) -> float:
     rows = session.execute("SHOW dpproxy.budget").rows
     return float(rows[0][2])
@@ -430,8 +413,8 @@ def test_unit_with_50_matches_moves_aggregates_by_at_most_the_sensitivity(
     """t and tn are neighbours (tn lacks unit 0, whose one row matches 50 public rows): the
     exact per-group statistics differ, summed over all groups, by at most each statistic's
     L1 sensitivity — and by more than nothing, so the heavy unit was counted."""
-    with_unit = plan_for(policy, template.format(t="t"))
-    without = plan_for(policy, template.format(t="tn"))
+    with_unit = plan_for(policy, template.format(t="t"), analyst=ANALYST)
+    without = plan_for(policy, template.format(t="tn"), analyst=ANALYST)
     assert with_unit.contribution.max_rows == MAX_ROWS
     full, neighbour = exact_rows(backend, with_unit), exact_rows(backend, without)
     width = len(with_unit.measurements)
@@ -445,8 +428,8 @@ def test_unit_with_50_matches_moves_aggregates_by_at_most_the_sensitivity(
 
 def test_the_heavy_unit_keeps_max_rows_matches(policy: Policy, backend: Any) -> None:
     """Without GROUP BY the heavy unit keeps exactly max_rows_per_unit of its 50 rows."""
-    plan = plan_for(policy, "SELECT COUNT(*) FROM t JOIN pub USING (k)")
-    neighbour = plan_for(policy, "SELECT COUNT(*) FROM tn JOIN pub USING (k)")
+    plan = plan_for(policy, "SELECT COUNT(*) FROM t JOIN pub USING (k)", analyst=ANALYST)
+    neighbour = plan_for(policy, "SELECT COUNT(*) FROM tn JOIN pub USING (k)", analyst=ANALYST)
     (full,) = exact_rows(backend, plan).values()
     (rest,) = exact_rows(backend, neighbour).values()
     assert full[0] - rest[0] == MAX_ROWS
@@ -465,8 +448,8 @@ def test_row_level_row_with_50_matches_moves_by_at_most_the_sensitivity(
     """Without a privacy unit, neighbours differ by one row: r's 'hot' row matches 50 rows,
     yet moves each statistic by at most its sensitivity (the rewrite numbers rows before
     the join and keeps one joined row per row)."""
-    with_row = plan_for(policy, template.format(t="r"))
-    without = plan_for(policy, template.format(t="rn"))
+    with_row = plan_for(policy, template.format(t="r"), analyst=ANALYST)
+    without = plan_for(policy, template.format(t="rn"), analyst=ANALYST)
     assert with_row.contribution.privacy_unit is None
     assert ROW_ID in rewrite(with_row, backend.dialect).sql
     full, neighbour = exact_rows(backend, with_row), exact_rows(backend, without)
@@ -481,7 +464,8 @@ def test_row_level_row_with_50_matches_moves_by_at_most_the_sensitivity(
 def test_row_level_rows_keep_one_match_across_groups(policy: Policy, backend: Any) -> None:
     """A 'c' row of rn matches a row of group x and one of group y: it is counted in one of
     them only, so the groups add up to the 45 matching rows, not 60."""
-    plan = plan_for(policy, "SELECT pub.grp, COUNT(*) FROM rn JOIN pub USING (k) GROUP BY pub.grp")
+    plan = plan_for(policy, "SELECT pub.grp, COUNT(*) FROM rn JOIN pub USING (k) GROUP BY pub.grp",
+                    analyst=ANALYST)
     rows = exact_rows(backend, plan)
     assert set(rows) == {("x",), ("y",)}
     assert sum(values[0] for values in rows.values()) == 45
@@ -491,7 +475,7 @@ def test_unique_key_needs_no_row_numbers(policy: Policy, backend: Any,
                                          exact_con: duckdb.DuckDBPyConnection) -> None:
     """A key declared unique: no fan-out, no row ids, and the duplicated 'c' of lut is
     joined once."""
-    plan = plan_for(policy, "SELECT COUNT(*) FROM r JOIN lut USING (k)")
+    plan = plan_for(policy, "SELECT COUNT(*) FROM r JOIN lut USING (k)", analyst=ANALYST)
     assert not plan.analysis.fans_out
     sql = rewrite(plan, backend.dialect).sql
     assert ROW_ID not in sql and "DISTINCT ON" in sql
@@ -503,7 +487,8 @@ def test_unique_key_needs_no_row_numbers(policy: Policy, backend: Any,
 # -- plans, EXPLAIN, policy ---------------------------------------------------------------------
 
 def test_sensitivity_is_that_of_the_private_table(policy: Policy) -> None:
-    plan = plan_for(policy, "SELECT pub.w, SUM(pub.w) FROM t JOIN pub USING (k) GROUP BY pub.w")
+    plan = plan_for(policy, "SELECT pub.w, SUM(pub.w) FROM t JOIN pub USING (k) GROUP BY pub.w",
+                    analyst=ANALYST)
     (m,) = plan.measurements
     # ≤ 2 groups per unit (w has no public values, so partition selection), 3 rows, w ≤ 9
     assert m.sensitivity == MAX_GROUPS * MAX_ROWS * 9

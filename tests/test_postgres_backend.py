@@ -20,16 +20,14 @@ import pytest
 from sqlglot import parse_one
 
 from dpproxy import errors
-from dpproxy.analyze import Analysis, analyze
 from dpproxy.backends.duckdb import DuckDBBackend
 from dpproxy.backends.postgres import PostgresBackend
 from dpproxy.cli import main as cli_main
-from dpproxy.parse import parse_statements
-from dpproxy.plan import QueryOptions, QueryPlan, plan_query
 from dpproxy.policy import ColumnPolicy, Policy, TablePolicy, load_policy
-from dpproxy.rewrite import make_total, rewrite
+from dpproxy.rewrite import make_total
 from dpproxy.rewrite_postgres import DATE_PATTERN, NUMBER_PATTERN
 from dpproxy.session import Engine
+from tests.exact import exact_rows, plan_for
 from tests.pg import answers, scratch_database, throwaway_cluster
 from tests.test_rewrite import (
     COLUMNS,
@@ -51,23 +49,6 @@ PG_GRID_TYPES = "age INTEGER, hours INTEGER, gain INTEGER, x DOUBLE PRECISION, n
 
 
 # -- helpers ----------------------------------------------------------------------------------
-
-def plan_for(policy: Policy, sql: str, analyst: str = "alice") -> QueryPlan:
-    ast = parse_statements(sql)[0].ast
-    assert ast is not None
-    analysis = analyze(ast, policy, policy.analyst(analyst))
-    assert isinstance(analysis, Analysis)
-    return plan_query(analysis, QueryOptions(1.0, 1e-6, "laplace"))
-
-
-def exact_rows(backend: Any, plan: QueryPlan) -> dict[tuple[Any, ...], tuple[float, ...]]:
-    """Per-group exact statistics of the rewritten statement: keys → measurements."""
-    rewritten = rewrite(plan, backend.dialect)
-    rows = backend.run_aggregate(rewritten.sql, rewritten.parameters())
-    k = len(rewritten.key_columns)
-    width = k + len(rewritten.measurement_columns)
-    return {tuple(r[:k]): tuple(float(v) for v in r[k:width]) for r in rows}
-
 
 @pytest.fixture(scope="module")
 def pg_backend(pg_demo_dsn: str) -> Iterator[PostgresBackend]:

@@ -1,0 +1,32 @@
+"""The test hook for exact, pre-noise aggregates: plan a query as an analyst and run its
+rewritten statement on a backend, as `session` does before release. Tests only: neither the
+DB-API nor the wire server can reach the exact statistics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dpproxy.analyze import Analysis, analyze
+from dpproxy.parse import parse_statements
+from dpproxy.plan import QueryOptions, QueryPlan, plan_query
+from dpproxy.policy import Policy
+from dpproxy.rewrite import rewrite
+
+
+def plan_for(policy: Policy, sql: str, analyst: str = "alice") -> QueryPlan:
+    """The plan of one SELECT at ε = 1, δ = 1e-6 under Laplace noise."""
+    ast = parse_statements(sql)[0].ast
+    assert ast is not None
+    analysis = analyze(ast, policy, policy.analyst(analyst))
+    assert isinstance(analysis, Analysis)
+    return plan_query(analysis, QueryOptions(1.0, 1e-6, "laplace"))
+
+
+def exact_rows(backend: Any, plan: QueryPlan) -> dict[tuple[Any, ...], tuple[float, ...]]:
+    """Per-group exact statistics of the rewritten statement (one fresh salt per call):
+    keys → the plan's measurements, in order."""
+    rewritten = rewrite(plan, backend.dialect)
+    rows = backend.run_aggregate(rewritten.sql, rewritten.parameters())
+    k = len(rewritten.key_columns)
+    width = k + len(rewritten.measurement_columns)
+    return {tuple(r[:k]): tuple(float(v) for v in r[k:width]) for r in rows}

@@ -24,6 +24,8 @@ True
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -94,12 +96,23 @@ def _discrete_laplace_threshold(spec: NoiseSpec, target: float) -> int:
     return 1 + max(m, 1)
 
 
-def _discrete_gaussian_tail(sigma_sq: float, m: int) -> float:
-    """P(Z >= m) for the discrete Gaussian, by summing the mass function."""
+@functools.lru_cache(maxsize=64)
+def _discrete_gaussian_tails(sigma_sq: float) -> tuple[tuple[float, ...], float]:
+    """The unnormalized upper tails Σ_{x ≥ m} e^{−x²/2σ²} for m = 0 … 40σ + 2 (the mass
+    beyond is below any δ), and the total mass. Computed once per σ²: the threshold search
+    and every plan with the same noise read them instead of summing tens of thousands of
+    terms again."""
     reach = math.ceil(40 * math.sqrt(sigma_sq)) + 2
     weights = [math.exp(-(x * x) / (2 * sigma_sq)) for x in range(reach + 1)]
-    total = weights[0] + 2 * sum(weights[1:])
-    return sum(weights[m:]) / total if m <= reach else 0.0
+    # summed from the far end: the small terms first, the most accurate order
+    tails = tuple(itertools.accumulate(reversed(weights)))[::-1]
+    return tails, weights[0] + 2 * tails[1]
+
+
+def _discrete_gaussian_tail(sigma_sq: float, m: int) -> float:
+    """P(Z >= m) for the discrete Gaussian, by summing the mass function."""
+    tails, total = _discrete_gaussian_tails(sigma_sq)
+    return tails[m] / total if m < len(tails) else 0.0
 
 
 def _discrete_gaussian_threshold(spec: NoiseSpec, target: float) -> int:

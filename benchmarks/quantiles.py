@@ -38,10 +38,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from overhead import (  # noqa: E402
-    build_pg_table,
     build_table,
-    drop_pg_schema,
     policy_text,
+    postgres_end_to_end,
     quote_in_readme,
 )
 
@@ -169,28 +168,6 @@ def sampler_us(policy_path: Path) -> dict[str, float]:
     return out
 
 
-def postgres_speed(dsn: str, rows: int, repeat: int, tmp: Path) -> dict[str, Any] | None:
-    try:
-        with psycopg.connect(dsn, connect_timeout=5) as con:
-            (server,) = con.execute("SHOW server_version").fetchone()  # type: ignore[misc]
-    except psycopg.Error as exc:
-        print(f"PostgreSQL does not answer ({type(exc).__name__}): skipped", file=sys.stderr)
-        return None
-    print(f"building {rows:,} rows in PostgreSQL …", file=sys.stderr)
-    table_dsn = build_pg_table(dsn, rows)
-    out: dict[str, Any] = {"server": str(server).split()[0], "rows": rows}
-    try:
-        for level in ("row", "user"):
-            path = tmp / f"pg-{level}.toml"
-            path.write_text(policy_text(table_dsn, tmp / f"pg-{level}.sqlite",
-                                        level == "user"))
-            print(f"PostgreSQL {level}-level …", file=sys.stderr)
-            out[f"{level}_level"] = speed(path, table_dsn, repeat)
-    finally:
-        drop_pg_schema(dsn)
-    return out
-
-
 def speed_table(results: dict[str, Any]) -> list[str]:
     lines = ["| query | level | DP MEDIAN (ms) | DP AVG (ms) | exact quantile (ms) | "
              "MEDIAN ÷ AVG | MEDIAN ÷ exact |", "|---|---|---|---|---|---|---|"]
@@ -226,7 +203,8 @@ def main() -> None:
             if level == "row":
                 results["accuracy"] = accuracy(path, args.draws)
                 results["sampler_us"] = sampler_us(path)
-        results["postgres"] = postgres_speed(args.pg_dsn, args.pg_rows, args.repeat, tmp)
+        results["postgres"] = postgres_end_to_end(args.pg_dsn, args.pg_rows, args.repeat, tmp,
+                                                  speed)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "quantiles.json").write_text(json.dumps(results, indent=2) + "\n")
 

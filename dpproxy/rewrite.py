@@ -45,6 +45,7 @@ from .plan import Measurement, QueryPlan
 from .policy import ColumnPolicy, TablePolicy
 from .quantiles import binning_for
 from .rewrite_postgres import clamp_source_postgres, make_total_postgres
+from .shapes import slot_index
 
 UNIT = "__unit"
 ROWS = "__rows"
@@ -60,16 +61,22 @@ _BIGINT = exp.DataType.build("BIGINT")
 
 @dataclass(frozen=True)
 class Rewritten:
-    """One backend statement; its only parameter, if any, is the per-query salt."""
+    """One backend statement; its parameters are the per-query salt, if any, then the
+    values of its WHERE slots (`dpproxy.shapes`), if any."""
 
     sql: str  # one statement in the backend's dialect
     key_columns: tuple[str, ...]  # result columns holding group keys, in order
     measurement_columns: tuple[str, ...]  # result columns holding plan.measurements, in order
-    salted: bool  # True: bind a fresh salt (`new_salt()`) as its one parameter
+    salted: bool  # True: bind a fresh salt (`new_salt()`) as its first parameter
+    slots: int = 0  # WHERE literals left as parameters, bound per execution
 
-    def parameters(self) -> tuple[str, ...]:
-        """The statement's parameters for one execution: a salt drawn afresh."""
-        return (new_salt(),) if self.salted else ()
+    def parameters(self, values: Sequence[object] = ()) -> tuple[object, ...]:
+        """The statement's parameters for one execution: a salt drawn afresh, then the
+        slots' values (exactly one per slot)."""
+        if len(values) != self.slots:
+            raise ValueError(f"the statement has {self.slots} slots, {len(values)} values "
+                             "were given")
+        return ((new_salt(),) if self.salted else ()) + tuple(values)
 
 
 def new_salt() -> str:
@@ -413,10 +420,7 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     if key_refs:
         outer = outer.group_by(*(k.copy() for k in key_refs), copy=False)
     salted = unit is not None and bool(analysis.keys) and not row_ids
-    # The tree was built for this call alone: the generator may transform it in place
-    # (copy=False spares a deep copy of the whole statement, a tenth of a query's CPU).
-    return Rewritten(outer.sql(dialect=dialect, copy=False), key_names,
-                     tuple(m.column for m in plan.measurements), salted)
+    return _finish(outer, plan, dialect, key_names, salted)
 
 
 
@@ -585,5 +589,30 @@ def _rewrite_binned(plan: QueryPlan, dialect: str, source: exp.Expression,
     if key_refs:
         outer = outer.group_by(*(k.copy() for k in key_refs), copy=False)
     salted = unit and bool(key_names)
+    return _finish(outer, plan, dialect, key_names, bool(salted))
+
+
+def _finish(outer: exp.Expression, plan: QueryPlan, dialect: str,
+            key_names: tuple[str, ...], salted: bool) -> Rewritten:
+    """The statement's SQL, its WHERE slots (`dpproxy.shapes`) as typed parameters after
+    the salt: `CAST($n AS DOUBLE)` (DuckDB) or `CAST($n AS DECIMAL)` (PostgreSQL, NUMERIC),
+    the type the literal they replace is compared in."""
+    where = plan.analysis.where
+    slotted = where is not None and any(slot_index(n) is not None
+                                         for n in where.find_all(exp.Literal))
+    slots = [n for n in outer.find_all(exp.Literal) if slot_index(n) is not None] \
+        if slotted else []
+    if slots:
+        if dialect == "duckdb":  # `?` and `$n` do not mix: the salt is `$1` here
+            for placeholder in list(outer.find_all(exp.Placeholder)):
+                placeholder.replace(exp.Parameter(this=exp.Literal.number(1)))
+        number = exp.DataType.build("DECIMAL" if dialect == "postgres" else "DOUBLE")
+        for slot in slots:
+            index = slot_index(slot)
+            assert index is not None
+            slot.replace(exp.cast(exp.Parameter(
+                this=exp.Literal.number(index + 1 + int(salted))), number.copy()))
+    # The tree was built for this call alone: the generator may transform it in place
+    # (copy=False spares a deep copy of the whole statement, a tenth of a query's CPU).
     return Rewritten(outer.sql(dialect=dialect, copy=False), key_names,
-                     tuple(m.column for m in plan.measurements), salted)
+                     tuple(m.column for m in plan.measurements), salted, len(slots))

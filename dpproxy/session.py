@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from sqlglot import exp
 from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 
 from . import errors
@@ -39,12 +40,15 @@ from .policy import AnalystPolicy, Policy, env_password, load_policy
 from .postprocess import evaluate
 from .release import ColumnAccuracy, Interval, Released, release
 from .rewrite import Rewritten, rewrite
+from .shapes import intact, lift, parameter_value, unlift
 
 OPTION_PREFIX = "dpproxy."
 OPTIONS = ("epsilon", "delta", "mechanism", "confidence", "min_units_per_group", "split")
 REWRITE_CACHE_SIZE = 1024
 # "off": analyse a query before looking up its stored answer, for A/B benchmarks.
 FAST_REPEATS = os.environ.get("DPPROXY_FAST_REPEATS", "on").lower() != "off"
+# "off": analyse and rewrite every query, even one whose shape (`dpproxy.shapes`) was seen.
+SHAPE_CACHE = os.environ.get("DPPROXY_SHAPE_CACHE", "on").lower() != "off"
 CACHE_WAIT_S = 30.0  # how long a repeat waits for the first answer still being computed
 # queries_left_like_last: how many more queries shaped like the session's last charged one
 # the remaining budget buys (NULL before the first).
@@ -158,6 +162,24 @@ class Engine:
         self._normalized: OrderedDict[tuple[str, str], str] = OrderedDict()
         # (statement text, typed parameters) → output names, for texts analysed and accepted
         self._output_names: OrderedDict[tuple[str, str], tuple[str, ...]] = OrderedDict()
+        # (analyst, shape key) → the accepted analysis of a query of that shape (its WHERE
+        # holding the shape's slots), and the backend statement of that analysis
+        self._shapes: OrderedDict[tuple[str, str], tuple[Analysis, Rewritten]] = OrderedDict()
+
+    def shape(self, analyst: str, key: str) -> tuple[Analysis, Rewritten] | None:
+        """The analysis and backend statement of an accepted query of this shape."""
+        with self._lock:
+            cached = self._shapes.get((analyst, key))
+            if cached is not None:
+                self._shapes.move_to_end((analyst, key))
+            return cached
+
+    def remember_shape(self, analyst: str, key: str, analysis: Analysis,
+                       rewritten: Rewritten) -> None:
+        with self._lock:
+            self._shapes[(analyst, key)] = (analysis, rewritten)
+            if len(self._shapes) > REWRITE_CACHE_SIZE:
+                self._shapes.popitem(last=False)
 
     def output_names(self, statement: Statement) -> tuple[str, ...] | None:
         """The output names of this text with these parameters, if it was accepted before."""
@@ -347,6 +369,38 @@ class Session:
             raise errors.PrivacyViolation(f"analyst {self.analyst.name} has no privacy budget")
         return plan_query(analysis, self.options)
 
+    def _shaped_plan(self, statement: Statement
+                     ) -> tuple[QueryPlan | ConstantQuery, tuple[Rewritten, tuple[object, ...]]
+                                | None]:
+        """The plan, and for a query of a cached shape (`dpproxy.shapes`) its backend
+        statement with the slots' values: a query differing from an accepted one only in
+        WHERE literals whose value changes neither acceptance nor sensitivity reuses its
+        analysis and rewrite. Anything else is planned as by `_plan`."""
+        ast = statement.ast
+        if not SHAPE_CACHE or not isinstance(ast, exp.Select) or self.analyst.budget is None:
+            return self._plan(statement), None
+        shape = lift(ast)  # in place: the statement's bound tree is its own copy
+        if not shape.values:
+            return self._plan(statement), None
+        values = tuple(parameter_value(v) for v in shape.values)
+        cached = self.engine.shape(self.analyst.name, shape.key)
+        if cached is not None:
+            analysis, rewritten = cached
+            # Everything but the WHERE literals (which the statement carries as parameters)
+            # and the text is the shape's, accepted for every value of them.
+            analysis = replace(analysis, statement=ast.sql("postgres"))
+            return plan_query(analysis, self.options), (rewritten, values)
+        planned = self._plan(statement)  # the slots are literals to the analyzer
+        if isinstance(planned, QueryPlan) and planned.reads_data \
+                and intact(planned.analysis.where, shape.values, planned.analysis.table):
+            rewritten = rewrite(planned, self.engine.backend.dialect)
+            if rewritten.slots == len(values):
+                self.engine.remember_shape(self.analyst.name, shape.key, planned.analysis,
+                                           rewritten)
+                return planned, (rewritten, values)
+        unlift(ast)  # not a cacheable shape: planned with its literals as they are
+        return self._plan(statement), None
+
     def _query(self, statement: Statement) -> Result:
         # A repeat of a text accepted before is answered before analysis: only an accepted,
         # charged query has a stored answer, and its key fixes everything the answer depends
@@ -361,7 +415,7 @@ class Session:
             cached = self._wait_for_answer(key)
             if cached is not None:
                 return self._cached_result(statement.text, cached, names)
-        planned = self._plan(statement)
+        planned, shaped = self._shaped_plan(statement)
         if isinstance(planned, ConstantQuery):
             row = tuple(evaluate(o.expression, {}, {}) for o in planned.outputs)
             self._audit(planned.statement, "answered", rows=1)
@@ -381,7 +435,7 @@ class Session:
             if cached is not None:
                 return self._cached_result(plan.analysis.statement, cached, names)
             try:
-                return self._charge_and_release(plan, key)
+                return self._charge_and_release(plan, key, shaped)
             except AnswerAvailable as hit:
                 if hit.answer is not None:
                     return self._cached_result(plan.analysis.statement, hit.answer, names)
@@ -389,9 +443,11 @@ class Session:
             "an identical query by the same analyst is still being answered",
             hint="retry in a moment: repeats of a query return its first answer")
 
-    def _charge_and_release(self, plan: QueryPlan, key: str) -> Result:
+    def _charge_and_release(self, plan: QueryPlan, key: str,
+                            shaped: tuple[Rewritten, tuple[object, ...]] | None = None
+                            ) -> Result:
         analysis = plan.analysis
-        rewritten = self.engine.rewritten(plan)
+        rewritten, values = shaped if shaped is not None else (self.engine.rewritten(plan), ())
         # Charge first, durably, claiming the cache key in the same transaction: a failure
         # after this point may depend on the data, so it is paid for like a release.
         charge = self.engine.ledger.charge(self._accounts(analysis), plan.loss,
@@ -399,7 +455,7 @@ class Session:
                                            statement=analysis.statement, claim=key)
         try:
             exact_rows = self.engine.backend.run_aggregate(rewritten.sql,
-                                                           rewritten.parameters())
+                                                           rewritten.parameters(values))
         except errors.Error as exc:
             self.engine.ledger.drop_claim(self.analyst.name, key, charge.charge_id)
             self._audit(analysis.statement, "failed", exc, epsilon=plan.cost.epsilon,

@@ -113,8 +113,11 @@ def test_a_repeat_is_answered_before_analysis(alice: Session,
     assert again.intervals == first.intervals and again.types == first.types
     assert any("repeated query" in n for n in again.notices)
     assert alice.remaining() == spent
+    # a new value is a new query, charged; its shape's analysis serves it (dpproxy.shapes)
+    assert alice.execute(sql, [51]).cost is not None
+    monkeypatch.setattr(session_module, "SHAPE_CACHE", False)
     with pytest.raises(AssertionError, match="must not be analysed"):
-        alice.execute(sql, [51])  # a new value is a new query: analysed (and charged)
+        alice.execute(sql, [52])  # without the shape cache: analysed
     monkeypatch.setattr(session_module, "FAST_REPEATS", False)
     with pytest.raises(AssertionError, match="must not be analysed"):
         alice.execute(sql, [50])  # switched off: analysed first, as before

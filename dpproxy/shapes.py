@@ -1,0 +1,149 @@
+"""Query shapes: queries that differ only in WHERE's number literals share one analysis.
+
+A dashboard or a parameterized client sends the same query again and again with a new
+threshold (`… WHERE capital_gain > $1`). Analysis, planning and above all the rewrite
+(its SQL generation) do not depend on such a literal, so they are done once per shape:
+`lift` marks each such literal as a slot (numbered in order),
+the shape's SQL (slots printed as `$slot<n>`) keys a cache of analyses, and the rewrite
+prints every slot as a typed backend parameter, bound per execution to the literal of
+the query at hand. A slot is an ordinary literal node marked in its `meta` (which
+sqlglot copies with the node): it prints and types as the literal it is everywhere else.
+
+Only literals whose value provably changes neither acceptance nor sensitivity are
+lifted: a plain decimal number (at most 15 digits, so exact in DOUBLE and far below any
+magnitude check) compared with a bare column (`=`, `<>`, `<`, `<=`, `>`, `>=`, either side,
+possibly negated), a BETWEEN bound, or an IN list item, of a column the policy declares
+numeric. The analyzer types such a literal as a number whatever its value, and the
+comparison as a boolean: its value enters no check, no bound and no sensitivity (those
+come from aggregates, keys and the table's contribution bounds, never from WHERE). A
+shape whose slots the analyzer did not keep intact (`intact`) is not cached.
+
+>>> import sqlglot
+>>> tree = sqlglot.parse_one("SELECT COUNT(*) FROM t WHERE a > 40 AND b = 'x'", read="postgres")
+>>> shape = lift(tree)
+>>> shape.key, shape.values
+("SELECT COUNT(*) FROM t WHERE a > $slot0 AND b = 'x'", ('40',))
+>>> tree.sql("postgres")  # a slot prints as its literal everywhere else
+"SELECT COUNT(*) FROM t WHERE a > 40 AND b = 'x'"
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+
+from sqlglot import exp
+from sqlglot.dialects.postgres import Postgres
+
+from .policy import TablePolicy
+
+MAX_DIGITS = 15  # every decimal of at most 15 digits converts exactly to its nearest DOUBLE
+_COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
+
+
+SLOT = "dpproxy_slot"  # meta key of a lifted literal: its index among the query's slots
+
+
+def slot_index(node: exp.Expression) -> int | None:
+    """The slot index of a lifted literal (None for any other node)."""
+    return node.meta_get(SLOT) if isinstance(node, exp.Literal) else None
+
+
+class _ShapeGenerator(Postgres.Generator):  # type: ignore[misc]
+    """PostgreSQL's SQL with each slot printed as `$slot<n>`: the shape's key."""
+
+    def literal_sql(self, expression: exp.Literal) -> str:
+        index = slot_index(expression)
+        return f"$slot{index}" if index is not None else super().literal_sql(expression)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A bound query with its liftable literals as slots."""
+
+    key: str  # the query's SQL with slots as `$slot<n>`: equal keys, equal queries but slots
+    values: tuple[str, ...]  # each slot's literal text, in slot order
+
+
+def _plain_number(node: exp.Expression) -> bool:
+    if not isinstance(node, exp.Literal) or node.is_string:
+        return False
+    whole, _, fraction = node.this.partition(".")
+    digits = whole + fraction
+    return whole.isdigit() and (fraction == "" or fraction.isdigit()) \
+        and len(digits) <= MAX_DIGITS and digits.isascii()
+
+
+def _liftable(node: exp.Expression) -> bool:
+    """A plain number literal in a place where only its type matters to the analyzer."""
+    if not _plain_number(node):
+        return False
+    place: exp.Expression = node
+    parent = node.parent
+    if isinstance(parent, exp.Neg):
+        place, parent = parent, parent.parent
+    if isinstance(parent, _COMPARISONS):
+        other = parent.expression if place is parent.this else parent.this
+        return _bare_column(other)
+    if isinstance(parent, exp.Between):
+        return place.arg_key in ("low", "high") and _bare_column(parent.this)
+    if isinstance(parent, exp.In):
+        return place.arg_key == "expressions" and _bare_column(parent.this) \
+            and parent.args.get("query") is None and parent.args.get("unnest") is None
+    return False
+
+
+def _bare_column(node: exp.Expression | None) -> bool:
+    return isinstance(node, exp.Column) and not isinstance(node.this, exp.Star)
+
+
+def lift(select: exp.Expression) -> Shape:
+    """Mark, in place, each liftable literal of `select`'s WHERE as a slot; the shape.
+    (`select` must be the caller's own tree: a bound query is a fresh copy.)"""
+    where = select.args.get("where") if isinstance(select, exp.Select) else None
+    values: list[str] = []
+    if where is not None:
+        for node in list(where.find_all(exp.Literal)):
+            if _liftable(node):
+                node.meta[SLOT] = len(values)  # the node stays a literal: it types as one
+                values.append(node.this)
+    generator = _ShapeGenerator()
+    return Shape(generator.generate(select, copy=False), tuple(values))
+
+
+def unlift(select: exp.Expression) -> None:
+    """Undo `lift`: every slot of `select` is a plain literal again."""
+    for node in select.find_all(exp.Literal):
+        if node.meta_get(SLOT) is not None:
+            del node.meta[SLOT]
+
+
+def intact(where: exp.Expression | None, values: tuple[str, ...], table: TablePolicy) -> bool:
+    """Whether the analyzed WHERE holds every slot once, in a liftable place, against a
+    column the policy declares numeric: then the shape's analysis serves every value."""
+    slots = [n for n in where.find_all(exp.Literal) if slot_index(n) is not None] \
+        if where is not None else []
+    if sorted(slot_index(s) for s in slots) != list(range(len(values))):  # type: ignore[type-var]
+        return False
+    return all(_liftable(s) and s.this == values[slot_index(s)]  # type: ignore[index]
+               and _numeric_partner(s, table) for s in slots)
+
+
+def _numeric_partner(literal: exp.Expression, table: TablePolicy) -> bool:
+    place = literal.parent if isinstance(literal.parent, exp.Neg) else literal
+    parent = place.parent
+    if isinstance(parent, exp.Between | exp.In):
+        column = parent.this
+    else:
+        assert parent is not None
+        column = parent.expression if place is parent.this else parent.this
+    name = column.name
+    policy = table.columns.get(name) or next(
+        (c for n, c in table.columns.items() if n.lower() == name.lower()), None)
+    return policy is not None and policy.type in ("int", "float")
+
+
+def parameter_value(text: str) -> int | Decimal:
+    """A slot's literal as a backend parameter of the literal's own type: an integer, or
+    an exact decimal (never a binary float, which would move 0.1)."""
+    return int(text) if text.isdigit() else Decimal(text)

@@ -1,0 +1,244 @@
+"""The shape cache (`dpproxy.shapes`): a query that differs from an accepted one only in WHERE
+number literals reuses its analysis and rewrite, with the literals as backend parameters.
+
+Checked against the uncached path on both backends: the same plan (statistics,
+sensitivities, cost), the same output names and types, the same exact pre-noise rows,
+the same charge; and queries that must not share a shape (other tables, columns,
+functions, operators, literals in places where their value matters) do not.
+"""
+
+from __future__ import annotations
+
+import doctest
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlglot
+
+from dpproxy import errors, shapes
+from dpproxy.parse import parse_statements
+from dpproxy.plan import QueryPlan
+from dpproxy.session import Engine, Session
+
+# (SQL, parameter lists): each list gives the same shape a new value
+SHAPED = [
+    ("SELECT COUNT(*) FROM adult WHERE capital_gain > %s", [[0], [5000], [99999], [0]]),
+    ("SELECT AVG(hours_per_week) AS h FROM adult WHERE age BETWEEN %s AND %s",
+     [[30, 40], [17, 90], [50, 20]]),
+    ("SELECT occupation, SUM(capital_gain), COUNT(*) FROM adult WHERE age IN (%s, %s, 40) "
+     "AND %s <= hours_per_week GROUP BY occupation", [[25, 35, 40], [60, 61, 1]]),
+    ("SELECT sex, COUNT(*) FROM adult WHERE age > %s OR capital_gain = %s GROUP BY sex",
+     [[-5, 0], [-70, 7], [-44, 114]]),  # a sign is part of the shape
+    ("SELECT COUNT(*), SUM(amount) FROM visits WHERE amount < %s AND amount >= %s",
+     [[12.5, 0.1], [250, 0], [499.99, 3.25]]),
+    ("SELECT education, VAR_POP(age) FROM adult WHERE capital_gain > %s GROUP BY education",
+     [[-100], [-3]]),
+]
+
+
+@pytest.fixture(params=["duckdb", "postgres"])
+def backend_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def _exact(engine: Engine, plan: QueryPlan, values: tuple[object, ...] = (),
+           shaped: Any = None) -> dict[tuple[Any, ...], tuple[float, ...]]:
+    from dpproxy.rewrite import rewrite
+
+    rewritten = shaped if shaped is not None else rewrite(plan, engine.backend.dialect)
+    rows = engine.backend.run_aggregate(rewritten.sql, rewritten.parameters(values))
+    k = len(rewritten.key_columns)
+    return {tuple(r[:k]): tuple(float(v) for v in r[k:k + len(rewritten.measurement_columns)])
+            for r in rows}
+
+
+def _same_plan(shaped: QueryPlan, fresh: QueryPlan) -> None:
+    a, b = shaped.analysis, fresh.analysis
+    assert a.statement == b.statement
+    assert [o.name for o in a.outputs] == [o.name for o in b.outputs]
+    assert a.output_types == b.output_types
+    assert a.keys == b.keys and a.statistics == b.statistics and a.aggregates == b.aggregates
+    assert (a.limit, a.offset, a.table) == (b.limit, b.offset, b.table)
+    assert shaped.measurements == fresh.measurements
+    assert shaped.selection == fresh.selection
+    assert shaped.cost == fresh.cost and shaped.loss == fresh.loss
+
+
+@pytest.mark.parametrize(("sql", "values"), SHAPED)
+def test_a_shaped_query_plans_and_measures_as_the_uncached_path(
+        engine: Engine, sql: str, values: list[list[Any]]) -> None:
+    alice = engine.session("alice")
+    for number, params in enumerate(values):
+        planned, shaped = alice._shaped_plan(parse_statements(sql, params)[0])
+        assert isinstance(planned, QueryPlan) and shaped is not None
+        rewritten, slot_values = shaped
+        assert rewritten.slots == len(slot_values) > 0
+        fresh = alice._plan(parse_statements(sql, params)[0])
+        assert isinstance(fresh, QueryPlan)
+        _same_plan(planned, fresh)
+        # the first value filled the cache; every later one is served from it
+        cached = engine.shape("alice", shapes.lift(parse_statements(sql, params)[0].ast).key)
+        assert cached is not None and cached[1] is rewritten
+        if number == 0:
+            first = rewritten
+        assert rewritten is first
+        # the same exact statistics, before any noise (adult: one row and group per person,
+        # so bounding keeps every row whatever the salt)
+        if planned.analysis.table.name == "adult":
+            assert _exact(engine, planned, slot_values, rewritten) == _exact(engine, fresh)
+        else:
+            assert _exact(engine, planned, slot_values, rewritten).keys() \
+                == _exact(engine, fresh).keys()
+
+
+def test_shaped_and_unshaped_sessions_charge_and_answer_alike(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpproxy import session as session_module
+
+    sql, values = SHAPED[2]
+    alice = engine.session("alice")
+    shaped = [alice.execute(sql, v) for v in values]
+    assert shapes.lift(parse_statements(sql, values[0])[0].ast).key in {
+        k for _, k in engine._shapes}
+    monkeypatch.setattr(session_module, "SHAPE_CACHE", False)
+    plain = [alice.execute(sql, [v[0] + 1, *v[1:]]) for v in values]
+    for a, b in zip(shaped, plain, strict=True):
+        assert a.columns == b.columns and a.types == b.types and a.tag == b.tag
+        assert a.cost == b.cost and a.cost is not None
+        assert [r[0] for r in a.rows] == [r[0] for r in b.rows]  # the public groups
+        assert a.accuracy == b.accuracy
+    # each charge records the query as written, not its shape
+    history = engine.ledger.history("analyst:alice")
+    assert history[len(plain)].statement == parse_statements(sql, values[-1])[0].ast.sql(
+        "postgres")
+    assert "$slot" not in history[len(plain)].statement
+
+
+def test_a_repeat_of_a_shaped_query_is_answered_from_the_cache(alice: Session) -> None:
+    sql = "SELECT COUNT(*) FROM adult WHERE capital_gain > %s"
+    first = alice.execute(sql, [100])
+    second = alice.execute(sql, [200])
+    spent = alice.remaining()
+    assert second.cost == first.cost
+    again = alice.execute("SELECT COUNT(*) FROM adult WHERE capital_gain > 200")
+    assert again.cost is None and again.rows == second.rows
+    assert alice.remaining() == spent
+    # another value is another query: charged again, not the other value's answer
+    assert alice.execute(sql, [300]).cost == first.cost
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("SELECT COUNT(*) FROM adult WHERE age > 5", "SELECT COUNT(*) FROM visits WHERE age > 5"),
+    ("SELECT COUNT(*) FROM adult WHERE age > 5",
+     "SELECT COUNT(*) FROM adult WHERE hours_per_week > 5"),
+    ("SELECT COUNT(*) FROM adult WHERE age > 5", "SELECT SUM(age) FROM adult WHERE age > 5"),
+    ("SELECT COUNT(*) FROM adult WHERE age > 5", "SELECT COUNT(*) FROM adult WHERE age >= 5"),
+    ("SELECT COUNT(*) FROM adult WHERE age > 5", "SELECT COUNT(*) FROM adult WHERE age > -5"),
+    ("SELECT COUNT(*) FROM adult WHERE age > 5", "SELECT COUNT(*) AS n FROM adult WHERE age > 5"),
+    ("SELECT COUNT(*) FROM adult WHERE sex = 'Male'",
+     "SELECT COUNT(*) FROM adult WHERE sex = 'Female'"),
+    ("SELECT SUM(LEAST(capital_gain, 10)) FROM adult WHERE age > 5",
+     "SELECT SUM(LEAST(capital_gain, 20)) FROM adult WHERE age > 5"),
+    ("SELECT COUNT(*) FROM adult WHERE age + 1 > 5",
+     "SELECT COUNT(*) FROM adult WHERE age + 1 > 6"),
+    ("SELECT COUNT(*) FROM adult WHERE age / 2 > 5",
+     "SELECT COUNT(*) FROM adult WHERE age / 3 > 5"),
+    ("SELECT COUNT(*) FROM adult WHERE age > 1e1", "SELECT COUNT(*) FROM adult WHERE age > 1e2"),
+    ("SELECT COUNT(*) FROM adult WHERE age > 1234567890123456",
+     "SELECT COUNT(*) FROM adult WHERE age > 1234567890123457"),
+    ("SELECT COUNT(*) FROM adult WHERE age > 5 LIMIT 1",
+     "SELECT COUNT(*) FROM adult WHERE age > 5 LIMIT 2"),
+    ("SELECT sex, COUNT(*) FROM adult WHERE age > 5 GROUP BY sex HAVING COUNT(*) > 1",
+     "SELECT sex, COUNT(*) FROM adult WHERE age > 5 GROUP BY sex HAVING COUNT(*) > 2"),
+    ("SELECT age / 10 * 10, COUNT(*) FROM adult WHERE age > 5 GROUP BY 1",
+     "SELECT age / 20 * 10, COUNT(*) FROM adult WHERE age > 5 GROUP BY 1"),
+    ("SELECT MEDIAN(age) FROM adult WHERE age > 5",
+     "SELECT PERCENTILE_CONT(0.4) WITHIN GROUP (ORDER BY age) FROM adult WHERE age > 5"),
+    ("SELECT COUNT(*) FROM adult WHERE age > 5",
+     "SELECT COUNT(*) FROM adult WHERE age > 5 AND age < 90"),
+])
+def test_queries_that_differ_elsewhere_do_not_share_a_shape(a: str, b: str) -> None:
+    key_a = shapes.lift(sqlglot.parse_one(a, read="postgres")).key
+    key_b = shapes.lift(sqlglot.parse_one(b, read="postgres")).key
+    assert key_a != key_b
+
+
+@pytest.mark.parametrize(("sql", "lifted"), [
+    ("SELECT COUNT(*) FROM adult WHERE age > 5 AND 7 < capital_gain", ("5", "7")),
+    ("SELECT COUNT(*) FROM adult WHERE age BETWEEN 1 AND 2.5 OR age IN (3, -4)",
+     ("1", "2.5", "3", "4")),
+    ("SELECT SUM(LEAST(capital_gain, 10)) FROM adult WHERE age + 1 > 5", ()),
+    ("SELECT COUNT(*) FROM adult WHERE sex = 'Male' AND age > 1e3", ()),
+    ("SELECT COUNT(*) FROM adult WHERE age > 5 LIMIT 1", ("5",)),
+    ("SELECT COUNT(*) FROM adult WHERE age > 1234567890123456", ()),
+    ("SELECT COUNT(*) FROM adult WHERE 5 > 3", ()),
+])
+def test_only_literals_compared_with_a_bare_column_are_lifted(sql: str,
+                                                             lifted: tuple[str, ...]) -> None:
+    assert shapes.lift(sqlglot.parse_one(sql, read="postgres")).values == lifted
+
+
+def test_literals_that_decide_acceptance_are_checked_every_time(alice: Session) -> None:
+    spent = alice.remaining()
+    # a quoted literal is typed by the column (and can fail): never lifted
+    assert alice.execute("SELECT COUNT(*) FROM adult WHERE age > '40'").cost is not None
+    with pytest.raises(errors.InvalidTextRepresentation):
+        alice.execute("SELECT COUNT(*) FROM adult WHERE age > 'forty'")
+    # a number compared with a text column is refused, whatever the number: not cached
+    for value in (5, 6):
+        with pytest.raises(errors.DatatypeMismatch):
+            alice.execute("SELECT COUNT(*) FROM adult WHERE sex = %s", [value])
+    assert not any("sex" in key for _, key in alice.engine._shapes)
+    # a divisor is not lifted: its value is part of the shape
+    for divisor in (2, 0):
+        assert alice.execute("SELECT COUNT(*) FROM adult WHERE capital_gain / %s > 10",
+                             [divisor]).cost is not None
+    assert alice.remaining().epsilon == pytest.approx(spent.epsilon - 0.3)
+
+
+def test_shapes_are_per_analyst(make_policy: Any) -> None:
+    policy = make_policy(replace={'tables = ["adult", "visits", "occupation_groups"]':
+                                  'tables = ["adult", "visits", "occupation_groups"]\n'
+                                  '[analysts.bob]\nbudget = { epsilon = 1.0, delta = 0 }\n'
+                                  'tables = ["visits"]'})
+    with Engine.from_path(policy) as engine:
+        sql = "SELECT COUNT(*) FROM adult WHERE age > %s"
+        engine.session("alice").execute(sql, [30])
+        with pytest.raises(errors.PrivacyViolation, match="permission denied"):
+            engine.session("bob").execute(sql, [31])
+
+
+def test_explain_shows_the_literals(alice: Session) -> None:
+    sql = "SELECT COUNT(*) FROM adult WHERE capital_gain > %s"
+    alice.execute(sql, [1234])
+    lines = [row[0] for row in alice.execute("EXPLAIN " + sql, [4321]).rows]
+    assert any("4321" in line for line in lines)
+    assert not any("$" in line for line in lines if "4321" in line)
+
+
+def test_the_rewrite_binds_each_slot_after_the_salt(engine: Engine) -> None:
+    alice = engine.session("alice")
+    sql = "SELECT sex, COUNT(*) FROM adult WHERE capital_gain > %s AND age < %s GROUP BY sex"
+    _, shaped = alice._shaped_plan(parse_statements(sql, [777, 55])[0])
+    assert shaped is not None
+    rewritten, values = shaped
+    assert values == (777, 55) and rewritten.salted and rewritten.slots == 2
+    assert "777" not in rewritten.sql and "55" not in rewritten.sql
+    number = "DOUBLE" if engine.backend.dialect == "duckdb" else "DECIMAL"
+    assert f"CAST($2 AS {number})" in rewritten.sql and f"CAST($3 AS {number})" in rewritten.sql
+    assert "?" not in rewritten.sql  # the salt is $1, not a mixed-in `?`
+    with pytest.raises(ValueError, match="2 slots"):
+        rewritten.parameters(())
+    assert len(rewritten.parameters(values)) == 3
+
+
+def test_doctests() -> None:
+    result = doctest.testmod(shapes)
+    assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.fixture
+def engine(demo_policy: Any) -> Iterator[Engine]:
+    with Engine.from_path(demo_policy) as eng:
+        yield eng

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from sqlglot import exp
-from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 
 from . import errors
 from .accountant import (
@@ -203,7 +202,9 @@ class Engine:
             if cached is not None:
                 self._normalized.move_to_end(memo)
                 return cached
-        normalized = normalize_identifiers(statement.ast.copy(), dialect="postgres").sql("postgres")
+        # The generator lower-cases unquoted identifiers as it prints, as
+        # normalize_identifiers does for PostgreSQL, without copying and walking the tree.
+        normalized = statement.ast.sql("postgres", normalize=True)
         with self._lock:
             self._normalized[memo] = normalized
             if len(self._normalized) > REWRITE_CACHE_SIZE:

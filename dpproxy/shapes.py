@@ -108,7 +108,9 @@ def lift(select: exp.Expression) -> Shape:
                 node.meta[SLOT] = len(values)  # the node stays a literal: it types as one
                 values.append(node.this)
     generator = _ShapeGenerator()
-    return Shape(generator.generate(select, copy=False), tuple(values))
+    # a copy: the generator may rewrite parts of the tree it prints, and this one is yet
+    # to be analysed
+    return Shape(generator.generate(select, copy=True), tuple(values))
 
 
 def unlift(select: exp.Expression) -> None:

@@ -242,3 +242,19 @@ def test_doctests() -> None:
 def engine(demo_policy: Any) -> Iterator[Engine]:
     with Engine.from_path(demo_policy) as eng:
         yield eng
+
+
+@pytest.mark.parametrize("sql", [
+    'SELECT "Sex", COUNT(*) AS "N" FROM Adult AS A WHERE A.Age > 5 GROUP BY "Sex"',
+    "SELECT occupation, AVG(hours_per_week) FROM ADULT WHERE Capital_Gain BETWEEN 1 AND 2 "
+    "GROUP BY Occupation ORDER BY 2 DESC LIMIT 3",
+    "SELECT PERCENTILE_CONT(0.9) WITHIN GROUP (ORDER BY Age) FROM adult",
+])
+def test_the_answer_key_is_the_query_with_identifiers_normalized(engine: Engine,
+                                                                 sql: str) -> None:
+    from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
+
+    statement = parse_statements(sql)[0]
+    assert statement.ast is not None
+    expected = normalize_identifiers(statement.ast.copy(), dialect="postgres").sql("postgres")
+    assert engine.normalized_query(statement) == expected

@@ -381,16 +381,16 @@ class Session:
         if not SHAPE_CACHE or not isinstance(ast, exp.Select) or self.analyst.budget is None:
             return self._plan(statement), None
         shape = lift(ast)  # in place: the statement's bound tree is its own copy
-        if not shape.values:
-            return self._plan(statement), None
         values = tuple(parameter_value(v) for v in shape.values)
         cached = self.engine.shape(self.analyst.name, shape.key)
         if cached is not None:
             analysis, rewritten = cached
             # Everything but the WHERE literals (which the statement carries as parameters)
-            # and the text is the shape's, accepted for every value of them.
-            analysis = replace(analysis, statement=ast.sql("postgres"))
-            return plan_query(analysis, self.options), (rewritten, values)
+            # and the text is the shape's, accepted for every value of them. (Without
+            # slots, the shape's key is the statement's text.)
+            text = ast.sql("postgres") if values else shape.key
+            return plan_query(replace(analysis, statement=text), self.options), \
+                (rewritten, values)
         planned = self._plan(statement)  # the slots are literals to the analyzer
         if isinstance(planned, QueryPlan) and planned.reads_data \
                 and intact(planned.analysis.where, shape.values, planned.analysis.table):

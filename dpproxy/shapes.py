@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect
 from sqlglot.dialects.postgres import Postgres
 
 from .policy import TablePolicy
@@ -57,11 +58,16 @@ class _ShapeGenerator(Postgres.Generator):  # type: ignore[misc]
         return f"$slot{index}" if index is not None else super().literal_sql(expression)
 
 
+_POSTGRES = Dialect.get_or_raise("postgres")
+
+
 @dataclass(frozen=True)
 class Shape:
     """A bound query with its liftable literals as slots."""
 
-    key: str  # the query's SQL with slots as `$slot<n>`: equal keys, equal queries but slots
+    # the query's SQL with slots as `$slot<n>` (without slots: exactly its PostgreSQL SQL);
+    # equal keys, equal queries but for the slots' values
+    key: str
     values: tuple[str, ...]  # each slot's literal text, in slot order
 
 
@@ -107,7 +113,7 @@ def lift(select: exp.Expression) -> Shape:
             if _liftable(node):
                 node.meta[SLOT] = len(values)  # the node stays a literal: it types as one
                 values.append(node.this)
-    generator = _ShapeGenerator()
+    generator = _ShapeGenerator(dialect=_POSTGRES)
     # a copy: the generator may rewrite parts of the tree it prints, and this one is yet
     # to be analysed
     return Shape(generator.generate(select, copy=True), tuple(values))

@@ -258,3 +258,32 @@ def test_the_answer_key_is_the_query_with_identifiers_normalized(engine: Engine,
     assert statement.ast is not None
     expected = normalize_identifiers(statement.ast.copy(), dialect="postgres").sql("postgres")
     assert engine.normalized_query(statement) == expected
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT occupation, COUNT(*), AVG(age) FROM adult GROUP BY occupation",
+    "SELECT sex, SUM(hours_per_week * 52) AS h FROM adult WHERE sex = 'Male' GROUP BY sex",
+    "SELECT MEDIAN(age), COUNT(*) FROM adult",
+])
+def test_a_query_without_slots_reuses_its_analysis_under_other_options(
+        engine: Engine, sql: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpproxy import session as session_module
+
+    alice = engine.session("alice")
+    first = alice.execute(sql)
+    fresh = alice._plan(parse_statements(sql)[0])
+
+    def no_analysis(*args: object) -> None:
+        raise AssertionError("the shape's analysis should have been reused")
+
+    monkeypatch.setattr(session_module, "analyze", no_analysis)
+    alice.set_option("epsilon", 0.25)  # another answer-cache key: planned and charged again
+    again = alice.execute(sql)
+    assert again.columns == first.columns and again.types == first.types
+    assert again.cost is not None and again.cost.epsilon == pytest.approx(0.25)
+    planned, shaped = alice._shaped_plan(parse_statements(sql)[0])
+    assert isinstance(planned, QueryPlan) and isinstance(fresh, QueryPlan)
+    assert shaped is not None and shaped[1] == ()
+    assert planned.analysis.statement == fresh.analysis.statement
+    alice.set_option("epsilon", 0.1)
+    _same_plan(alice._shaped_plan(parse_statements(sql)[0])[0], fresh)  # type: ignore[arg-type]

@@ -432,7 +432,10 @@ class Session:
             return self._result(released, plan, self.remaining())
         key = key or self._cache_key(statement)
         for round_ in range(2):  # a second round only when a claim was abandoned under us
-            cached = self._wait_for_answer(key) if round_ or not looked_up else None
+            # No lookup first: the charge checks the claim before anything else, in its own
+            # transaction, and raises AnswerAvailable (charging nothing) for a stored or
+            # pending answer, so a new query pays for one ledger transaction, not two.
+            cached = self._wait_for_answer(key) if round_ else None
             if cached is not None:
                 return self._cached_result(plan.analysis.statement, cached, names)
             try:

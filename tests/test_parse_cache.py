@@ -121,3 +121,25 @@ def test_a_repeat_is_answered_before_analysis(alice: Session,
     monkeypatch.setattr(session_module, "FAST_REPEATS", False)
     with pytest.raises(AssertionError, match="must not be analysed"):
         alice.execute(sql, [50])  # switched off: analysed first, as before
+
+
+def test_a_stored_answer_is_found_by_the_charge_itself(demo_policy: Any) -> None:
+    """A process that has not seen a query looks its answer up only through the charge,
+    which checks the claim first: the stored answer, nothing charged, even with no budget
+    left for a new query."""
+    from dpproxy.session import Engine
+
+    sql = "SELECT COUNT(*) FROM adult WHERE age > %s"
+    with Engine.from_path(demo_policy) as first:
+        answered = first.session("alice").execute(sql, [33])
+    with Engine.from_path(demo_policy) as second:  # the same ledger, an empty memo
+        alice = second.session("alice")
+        alice.set_option("epsilon", alice.remaining().epsilon)
+        alice.execute(sql, [34])  # spends everything that is left
+        assert alice.remaining().epsilon == 0
+        alice.set_option("epsilon", 0.1)
+        again = alice.execute(sql, [33])
+        assert again.cost is None and again.rows == answered.rows
+        assert any("repeated query" in n for n in again.notices)
+        with pytest.raises(errors.BudgetExceeded):
+            alice.execute(sql, [35])

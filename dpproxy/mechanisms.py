@@ -126,7 +126,11 @@ def sample_discrete_gaussian(sigma_sq: Fraction) -> int:
     sigma_sq = Fraction(sigma_sq)
     if sigma_sq <= 0:
         raise InvalidParameterValue(f"sigma_sq must be > 0, got {sigma_sq}")
-    p, q = sigma_sq.numerator, sigma_sq.denominator
+    return _discrete_gaussian(sigma_sq.numerator, sigma_sq.denominator)
+
+
+def _discrete_gaussian(p: int, q: int) -> int:
+    """Discrete Gaussian with σ² = p/q > 0 (CKS20 Algorithm 3, see above)."""
     t = math.isqrt(p // q) + 1  # ⌊σ⌋ + 1, since ⌊√x⌋ = ⌊√⌊x⌋⌋
     # (|y| - p/(q t))² / (2 p/q) = (|y| q t - p)² / (2 p q t²)
     den = 2 * p * q * t * t
@@ -406,11 +410,20 @@ def calibrate(mechanism: Mechanism, sensitivity: float, epsilon: float, delta: f
 
 
 def _noise(spec: NoiseSpec) -> int:
-    if spec.grid_param <= 0:
+    return _sampler(spec)()
+
+
+def _sampler(spec: NoiseSpec) -> Callable[[], int]:
+    """The spec's exact sampler, its parameter checked once (a vector of outputs draws
+    many times from the same distribution; Fraction arithmetic per draw would cost more
+    than the draw)."""
+    param = Fraction(spec.grid_param)
+    if param <= 0:
         raise InvalidParameterValue("NoiseSpec was not built by calibrate()")
+    n, d = param.numerator, param.denominator
     if spec.mechanism == "laplace":
-        return sample_discrete_laplace(spec.grid_param)
-    return sample_discrete_gaussian(spec.grid_param)
+        return lambda: _discrete_laplace(n, d)
+    return lambda: _discrete_gaussian(n, d)
 
 
 def _snap(exact: float, gamma: float) -> int:
@@ -436,9 +449,10 @@ def release(exact: float, spec: NoiseSpec) -> float | int:
 def release_many(exact_values: Sequence[float], spec: NoiseSpec) -> list[float | int]:
     """release() applied to each coordinate of a vector whose sensitivity the spec covers."""
     snapped = [_snap(v, spec.granularity) for v in exact_values]  # validate before any noise
+    noise = _sampler(spec)
     if spec.granularity == 1.0:
-        return [n + _noise(spec) for n in snapped]
-    return [float(n + _noise(spec)) * spec.granularity for n in snapped]
+        return [n + noise() for n in snapped]
+    return [float(n + noise()) * spec.granularity for n in snapped]
 
 
 def half_width(spec: NoiseSpec, confidence: float = 0.95) -> float:

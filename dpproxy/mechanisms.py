@@ -64,8 +64,12 @@ _GRID_BITS = 20
 
 def _bern_exp_neg_unit(n: int, d: int) -> bool:
     """Bernoulli(exp(-n/d)) for 0 <= n <= d (CKS20 Algorithm 1, von Neumann's trick)."""
-    k = 1
+    if n == 0:
+        return True  # the first round, randbelow(d) < 0, always fails
     # Each round is Bernoulli(n / (d·k)); the number of rounds survived decides the parity.
+    # With d = 1 (so n = 1) the first round, randbelow(1) < 1, always succeeds: skipping
+    # its draw (which would cost two random bits on average) changes no outcome.
+    k = 2 if d == 1 else 1
     while secrets.randbelow(d * k) < n:
         k += 1
     return k % 2 == 1

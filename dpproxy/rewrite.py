@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlglot import exp
 
-from .analyze import Analysis
+from .analyze import Analysis, GroupKey
 from .analyze.aggregates import Statistic
 from .analyze.expressions import make_resolver, type_row_expression
+from .bounds import Unbounded, bound_check
 from .plan import Measurement, QueryPlan
 from .policy import ColumnPolicy, TablePolicy
 from .quantiles import binning_for
@@ -66,6 +67,8 @@ class Rewritten:
     key_columns: tuple[str, ...]  # result columns holding group keys, in order
     measurement_columns: tuple[str, ...]  # result columns holding plan.measurements, in order
     salted: bool  # True: bind a fresh salt (`new_salt()`) as its one parameter
+    # the same statistics unbounded, for data where no unit exceeds the bounds
+    unbounded: Unbounded | None = None
 
     def parameters(self) -> tuple[str, ...]:
         """The statement's parameters for one execution: a salt drawn afresh."""
@@ -296,8 +299,31 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
 
     It depends only on the analysis and the policy's contribution bounds, so a caller
     may reuse it for the same normalized query; randomness enters through the salt
-    parameter and the backend's RANDOM().
+    parameter and the backend's RANDOM(). A plan bounded by per-pair aggregation also
+    gets its `unbounded` form (see `dpproxy.bounds`).
     """
+    bounded = _statement(plan, dialect, bounded=True)
+    analysis = plan.analysis
+    bound = plan.contribution
+    if bound.privacy_unit is None or analysis.joins or \
+            any(m.quantile is not None for m in plan.measurements):
+        return bounded
+    plain = _statement(plan, dialect, bounded=False)
+    keys = [_key_expression(key, analysis.table, dialect) for key in analysis.keys]
+    check = bound_check(analysis.table.name, exp.column(bound.privacy_unit, quoted=True),
+                        keys, dialect, bound.max_rows, bound.max_groups)
+    return replace(bounded, unbounded=Unbounded(plain.sql, check))
+
+
+def _key_expression(key: GroupKey, table: TablePolicy, dialect: str) -> exp.Expression:
+    # an expression key is computed once per row, made total like any row expression
+    return exp.column(key.column.name, quoted=True) if key.expression is None \
+        else make_total(key.expression, table, dialect)
+
+
+def _statement(plan: QueryPlan, dialect: str, bounded: bool) -> Rewritten:
+    """`rewrite`'s statement; `bounded=False`: the same statistics with no contribution
+    bounding (valid only where `dpproxy.bounds` proved it changes nothing)."""
     analysis = plan.analysis
     table = analysis.table
     bound = plan.contribution
@@ -307,9 +333,7 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     key_refs: list[exp.Expression] = []
     filters: list[exp.Expression] = []
     for name, key in zip(key_names, analysis.keys, strict=True):
-        # an expression key is computed once per row, made total like any row expression
-        column = exp.column(key.column.name, quoted=True) if key.expression is None \
-            else make_total(key.expression, table, dialect)
+        column = _key_expression(key, table, dialect)
         inner_items.append(exp.alias_(column.copy(), name))
         key_refs.append(exp.column(name))
         if key.values is not None:
@@ -350,9 +374,10 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     # Quantile histograms need each kept row's bin, and numbered rows a window of their own:
     # both rank rows; every other plan bounds by aggregation per (unit, group) pair.
     rank_rows = quantiles or row_ids
+    assert bounded or not rank_rows, "only plans bounded by pairs have an unbounded form"
     if unit is not None:
         inner_items.append(exp.alias_(unit, UNIT))
-        if rank_rows or _samples_rows(plan, dialect):
+        if rank_rows or (bounded and _samples_rows(plan, dialect)):
             # drawn here: a window's ORDER BY may not be volatile (DuckDB)
             inner_items.append(exp.alias_(exp.Rand(), RANDOM))
     if not inner_items:  # COUNT(*) alone, without a privacy unit, needs no column
@@ -366,10 +391,10 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     source: exp.Expression = inner.subquery("filtered", copy=False)
 
     bounded_filter: list[exp.Expression] = []
-    pairs = unit is not None and not rank_rows
+    pairs = bounded and unit is not None and not rank_rows
     if pairs:
         source = _bounded_pairs(plan, dialect, source, key_refs, value_names)
-    elif unit is not None:
+    elif unit is not None and bounded:
         source, bounded_filter = _ranked_rows(plan, dialect, source, key_refs, row_ids)
 
     if quantiles:
@@ -412,7 +437,7 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
         outer = outer.where(exp.and_(*bounded_filter, copy=False), copy=False)
     if key_refs:
         outer = outer.group_by(*(k.copy() for k in key_refs), copy=False)
-    salted = unit is not None and bool(analysis.keys) and not row_ids
+    salted = pairs and bool(analysis.keys)
     # The tree was built for this call alone: the generator may transform it in place
     # (copy=False spares a deep copy of the whole statement, a tenth of a query's CPU).
     return Rewritten(outer.sql(dialect=dialect, copy=False), key_names,

@@ -398,8 +398,10 @@ class Session:
                                            analyst=self.analyst.name,
                                            statement=analysis.statement, claim=key)
         try:
-            exact_rows = self.engine.backend.run_aggregate(rewritten.sql,
-                                                           rewritten.parameters())
+            unbounded = rewritten.unbounded if self.engine.policy.privacy.verify_bounds \
+                else None
+            exact_rows = self.engine.backend.run_aggregate(
+                rewritten.sql, rewritten.parameters(), unbounded=unbounded)
         except errors.Error as exc:
             self.engine.ledger.drop_claim(self.analyst.name, key, charge.charge_id)
             self._audit(analysis.statement, "failed", exc, epsilon=plan.cost.epsilon,

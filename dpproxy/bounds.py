@@ -28,8 +28,9 @@ in the policy turns the shortcut off.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
 
 from sqlglot import exp
 
@@ -65,13 +66,18 @@ class BoundingCounts:
     enforced: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Unbounded:
     """The plan's statistics without contribution bounding, which the backend may run
-    instead of the bounded statement on data where `check` holds. No parameters."""
+    instead of the bounded statement on data where `check` holds. No parameters; the
+    statement is generated on first use of `sql`."""
 
-    sql: str
+    generate: Callable[[], str] = field(repr=False)
     check: BoundCheck
+
+    @cached_property
+    def sql(self) -> str:
+        return self.generate()
 
 
 def bound_check(table: str, unit: exp.Expression, keys: Sequence[exp.Expression],

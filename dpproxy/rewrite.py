@@ -33,15 +33,18 @@ counts rows, like COUNT(*): no row and no value crosses, only the sparse histogr
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
 
 from sqlglot import exp
 
 from .analyze import Analysis, GroupKey
 from .analyze.aggregates import Statistic
 from .analyze.expressions import make_resolver, type_row_expression
-from .bounds import Unbounded, bound_check
+from .bounds import BoundCheck, Unbounded, bound_check
 from .plan import Measurement, QueryPlan
 from .policy import ColumnPolicy, TablePolicy
 from .quantiles import binning_for
@@ -59,16 +62,22 @@ _DOUBLE = exp.DataType.build("DOUBLE")
 _BIGINT = exp.DataType.build("BIGINT")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Rewritten:
-    """One backend statement; its only parameter, if any, is the per-query salt."""
+    """One backend statement, generated on first use of `sql` (a backend that runs the
+    `unbounded` form instead never needs it); its only parameter, if any, is the
+    per-query salt."""
 
-    sql: str  # one statement in the backend's dialect
     key_columns: tuple[str, ...]  # result columns holding group keys, in order
     measurement_columns: tuple[str, ...]  # result columns holding plan.measurements, in order
     salted: bool  # True: bind a fresh salt (`new_salt()`) as its one parameter
+    generate: Callable[[], str] = field(repr=False)  # the statement, in the backend's dialect
     # the same statistics unbounded, for data where no unit exceeds the bounds
     unbounded: Unbounded | None = None
+
+    @cached_property
+    def sql(self) -> str:
+        return self.generate()
 
     def parameters(self) -> tuple[str, ...]:
         """The statement's parameters for one execution: a salt drawn afresh."""
@@ -302,17 +311,47 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     parameter and the backend's RANDOM(). A plan bounded by per-pair aggregation also
     gets its `unbounded` form (see `dpproxy.bounds`).
     """
-    bounded = _statement(plan, dialect, bounded=True)
     analysis = plan.analysis
-    bound = plan.contribution
-    if bound.privacy_unit is None or analysis.joins or \
+    if plan.contribution.privacy_unit is None or analysis.joins or \
             any(m.quantile is not None for m in plan.measurements):
-        return bounded
-    plain = _statement(plan, dialect, bounded=False)
-    keys = [_key_expression(key, analysis.table, dialect) for key in analysis.keys]
-    check = bound_check(analysis.table.name, exp.column(bound.privacy_unit, quoted=True),
-                        keys, dialect, bound.max_rows, bound.max_groups)
-    return replace(bounded, unbounded=Unbounded(plain.sql, check))
+        return _statement(plan, dialect, bounded=True)
+    # bounded by pairs: salted exactly when there is a GROUP BY
+    return Rewritten(
+        tuple(f"k{i}" for i in range(len(analysis.keys))),
+        tuple(m.column for m in plan.measurements), bool(analysis.keys),
+        lambda: _statement(plan, dialect, bounded=True).sql,
+        Unbounded(lambda: _statement(plan, dialect, bounded=False).sql,
+                  _check_for(plan, dialect)))
+
+
+_checks: OrderedDict[tuple[object, ...], tuple[TablePolicy, BoundCheck]] = OrderedDict()
+_checks_lock = threading.Lock()
+CHECK_CACHE_SIZE = 1024
+
+
+def _check_for(plan: QueryPlan, dialect: str) -> BoundCheck:
+    """The bound check of a plan's table and keys, built once per table policy, keys and
+    bounds (building it costs about as much as the statement)."""
+    analysis, bound = plan.analysis, plan.contribution
+    table = analysis.table
+    key = (dialect, id(table), bound.privacy_unit, bound.max_rows, bound.max_groups,
+           *(("column", k.column.name) if k.expression is None
+             else ("expression", k.expression.sql()) for k in analysis.keys))
+    with _checks_lock:
+        cached = _checks.get(key)
+        # the table policy is kept with its check, so its id cannot be reused meanwhile
+        if cached is not None and cached[0] is table:
+            _checks.move_to_end(key)
+            return cached[1]
+    assert bound.privacy_unit is not None
+    check = bound_check(table.name, exp.column(bound.privacy_unit, quoted=True),
+                        [_key_expression(k, table, dialect) for k in analysis.keys],
+                        dialect, bound.max_rows, bound.max_groups)
+    with _checks_lock:
+        _checks[key] = (table, check)
+        if len(_checks) > CHECK_CACHE_SIZE:
+            _checks.popitem(last=False)
+    return check
 
 
 def _key_expression(key: GroupKey, table: TablePolicy, dialect: str) -> exp.Expression:
@@ -440,8 +479,9 @@ def _statement(plan: QueryPlan, dialect: str, bounded: bool) -> Rewritten:
     salted = pairs and bool(analysis.keys)
     # The tree was built for this call alone: the generator may transform it in place
     # (copy=False spares a deep copy of the whole statement, a tenth of a query's CPU).
-    return Rewritten(outer.sql(dialect=dialect, copy=False), key_names,
-                     tuple(m.column for m in plan.measurements), salted)
+    statement = outer.sql(dialect=dialect, copy=False)
+    return Rewritten(key_names, tuple(m.column for m in plan.measurements), salted,
+                     lambda: statement)
 
 
 
@@ -610,5 +650,6 @@ def _rewrite_binned(plan: QueryPlan, dialect: str, source: exp.Expression,
     if key_refs:
         outer = outer.group_by(*(k.copy() for k in key_refs), copy=False)
     salted = unit and bool(key_names)
-    return Rewritten(outer.sql(dialect=dialect, copy=False), key_names,
-                     tuple(m.column for m in plan.measurements), salted)
+    statement = outer.sql(dialect=dialect, copy=False)
+    return Rewritten(key_names, tuple(m.column for m in plan.measurements), salted,
+                     lambda: statement)

@@ -191,6 +191,7 @@ class PrivacyDefaults:
     confidence: float = 0.95
     min_units_per_group: int = 0  # extra floor for partition selection
     budget_window: str = "never"  # budgets renew daily, weekly or monthly (UTC)
+    verify_bounds: bool = True  # skip bounding where a check proves it removes nothing
 
 
 @dataclass(frozen=True)
@@ -606,7 +607,8 @@ def parse_policy(raw: Mapping[str, Any], file: Path) -> Policy:
                             (base / passfile).resolve() if passfile else None)
 
     pr = top.sub("privacy", {"default_epsilon", "default_delta", "mechanism", "accounting",
-                             "confidence", "min_units_per_group", "budget_window"})
+                             "confidence", "min_units_per_group", "budget_window",
+                             "verify_bounds"})
     privacy = PrivacyDefaults()
     if pr is not None:
         privacy = PrivacyDefaults(
@@ -619,6 +621,7 @@ def parse_policy(raw: Mapping[str, Any], file: Path) -> Policy:
                                  high_open=True) or 0.95,
             min_units_per_group=pr.get("min_units_per_group", int, 0),
             budget_window=pr.choice("budget_window", BUDGET_WINDOWS, "never"),
+            verify_bounds=pr.get("verify_bounds", bool, True),
         )
         if privacy.min_units_per_group < 0:
             pr.fail("min_units_per_group", "must be a non-negative integer")

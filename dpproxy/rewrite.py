@@ -33,19 +33,23 @@ counts rows, like COUNT(*): no row and no value crosses, only the sparse histogr
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
-from dataclasses import dataclass
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
 
 from sqlglot import exp
 
-from .analyze import Analysis
+from .analyze import Analysis, GroupKey
 from .analyze.aggregates import Statistic
 from .analyze.expressions import make_resolver, type_row_expression
+from .bounds import BoundCheck, Unbounded, bound_check
 from .plan import Measurement, QueryPlan
 from .policy import ColumnPolicy, TablePolicy
 from .quantiles import binning_for
 from .rewrite_postgres import clamp_source_postgres, make_total_postgres
-from .shapes import slot_index
+from .shapes import parameter_type, slot_index
 
 UNIT = "__unit"
 ROWS = "__rows"
@@ -59,16 +63,23 @@ _DOUBLE = exp.DataType.build("DOUBLE")
 _BIGINT = exp.DataType.build("BIGINT")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Rewritten:
-    """One backend statement; its parameters are the per-query salt, if any, then the
-    values of its WHERE slots (`dpproxy.shapes`), if any."""
+    """One backend statement, generated on first use of `sql` (a backend that runs the
+    `unbounded` form instead never needs it); its parameters are the per-query salt, if
+    any, then the values of its WHERE slots (`dpproxy.shapes`), if any."""
 
-    sql: str  # one statement in the backend's dialect
     key_columns: tuple[str, ...]  # result columns holding group keys, in order
     measurement_columns: tuple[str, ...]  # result columns holding plan.measurements, in order
     salted: bool  # True: bind a fresh salt (`new_salt()`) as its first parameter
+    generate: Callable[[], str] = field(repr=False)  # the statement, in the backend's dialect
+    # the same statistics unbounded, for data where no unit exceeds the bounds
+    unbounded: Unbounded | None = None
     slots: int = 0  # WHERE literals left as parameters, bound per execution
+
+    @cached_property
+    def sql(self) -> str:
+        return self.generate()
 
     def parameters(self, values: Sequence[object] = ()) -> tuple[object, ...]:
         """The statement's parameters for one execution: a salt drawn afresh, then the
@@ -303,8 +314,62 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
 
     It depends only on the analysis and the policy's contribution bounds, so a caller
     may reuse it for the same normalized query; randomness enters through the salt
-    parameter and the backend's RANDOM().
+    parameter and the backend's RANDOM(). A plan bounded by per-pair aggregation also
+    gets its `unbounded` form (see `dpproxy.bounds`).
     """
+    analysis = plan.analysis
+    if plan.contribution.privacy_unit is None or analysis.joins or \
+            any(m.quantile is not None for m in plan.measurements):
+        return _statement(plan, dialect, bounded=True)
+    # bounded by pairs: salted exactly when there is a GROUP BY
+    slots = slot_count(plan)
+    return Rewritten(
+        tuple(f"k{i}" for i in range(len(analysis.keys))),
+        tuple(m.column for m in plan.measurements), bool(analysis.keys),
+        lambda: _statement(plan, dialect, bounded=True).sql,
+        Unbounded(lambda: _statement(plan, dialect, bounded=False).sql,
+                  _check_for(plan, dialect), slots), slots)
+
+
+_checks: OrderedDict[tuple[object, ...], tuple[TablePolicy, BoundCheck]] = OrderedDict()
+_checks_lock = threading.Lock()
+CHECK_CACHE_SIZE = 1024
+
+
+def _check_for(plan: QueryPlan, dialect: str) -> BoundCheck:
+    """The bound check of a plan's table and keys, built once per table policy, keys and
+    bounds (building it costs about as much as the statement)."""
+    analysis, bound = plan.analysis, plan.contribution
+    table = analysis.table
+    key = (dialect, id(table), bound.privacy_unit, bound.max_rows, bound.max_groups,
+           *(("column", k.column.name) if k.expression is None
+             else ("expression", k.expression.sql()) for k in analysis.keys))
+    with _checks_lock:
+        cached = _checks.get(key)
+        # the table policy is kept with its check, so its id cannot be reused meanwhile
+        if cached is not None and cached[0] is table:
+            _checks.move_to_end(key)
+            return cached[1]
+    assert bound.privacy_unit is not None
+    check = bound_check(table.name, exp.column(bound.privacy_unit, quoted=True),
+                        [_key_expression(k, table, dialect) for k in analysis.keys],
+                        dialect, bound.max_rows, bound.max_groups)
+    with _checks_lock:
+        _checks[key] = (table, check)
+        if len(_checks) > CHECK_CACHE_SIZE:
+            _checks.popitem(last=False)
+    return check
+
+
+def _key_expression(key: GroupKey, table: TablePolicy, dialect: str) -> exp.Expression:
+    # an expression key is computed once per row, made total like any row expression
+    return exp.column(key.column.name, quoted=True) if key.expression is None \
+        else make_total(key.expression, table, dialect)
+
+
+def _statement(plan: QueryPlan, dialect: str, bounded: bool) -> Rewritten:
+    """`rewrite`'s statement; `bounded=False`: the same statistics with no contribution
+    bounding (valid only where `dpproxy.bounds` proved it changes nothing)."""
     analysis = plan.analysis
     table = analysis.table
     bound = plan.contribution
@@ -314,9 +379,7 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     key_refs: list[exp.Expression] = []
     filters: list[exp.Expression] = []
     for name, key in zip(key_names, analysis.keys, strict=True):
-        # an expression key is computed once per row, made total like any row expression
-        column = exp.column(key.column.name, quoted=True) if key.expression is None \
-            else make_total(key.expression, table, dialect)
+        column = _key_expression(key, table, dialect)
         inner_items.append(exp.alias_(column.copy(), name))
         key_refs.append(exp.column(name))
         if key.values is not None:
@@ -357,9 +420,10 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     # Quantile histograms need each kept row's bin, and numbered rows a window of their own:
     # both rank rows; every other plan bounds by aggregation per (unit, group) pair.
     rank_rows = quantiles or row_ids
+    assert bounded or not rank_rows, "only plans bounded by pairs have an unbounded form"
     if unit is not None:
         inner_items.append(exp.alias_(unit, UNIT))
-        if rank_rows or _samples_rows(plan, dialect):
+        if rank_rows or (bounded and _samples_rows(plan, dialect)):
             # drawn here: a window's ORDER BY may not be volatile (DuckDB)
             inner_items.append(exp.alias_(exp.Rand(), RANDOM))
     if not inner_items:  # COUNT(*) alone, without a privacy unit, needs no column
@@ -373,10 +437,10 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     source: exp.Expression = inner.subquery("filtered", copy=False)
 
     bounded_filter: list[exp.Expression] = []
-    pairs = unit is not None and not rank_rows
+    pairs = bounded and unit is not None and not rank_rows
     if pairs:
         source = _bounded_pairs(plan, dialect, source, key_refs, value_names)
-    elif unit is not None:
+    elif unit is not None and bounded:
         source, bounded_filter = _ranked_rows(plan, dialect, source, key_refs, row_ids)
 
     if quantiles:
@@ -419,8 +483,10 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
         outer = outer.where(exp.and_(*bounded_filter, copy=False), copy=False)
     if key_refs:
         outer = outer.group_by(*(k.copy() for k in key_refs), copy=False)
-    salted = unit is not None and bool(analysis.keys) and not row_ids
-    return _finish(outer, plan, dialect, key_names, salted)
+    salted = pairs and bool(analysis.keys)
+    statement, slots = _generate(outer, plan, dialect, salted)
+    return Rewritten(key_names, tuple(m.column for m in plan.measurements), salted,
+                     lambda: statement, slots=slots)
 
 
 
@@ -589,30 +655,36 @@ def _rewrite_binned(plan: QueryPlan, dialect: str, source: exp.Expression,
     if key_refs:
         outer = outer.group_by(*(k.copy() for k in key_refs), copy=False)
     salted = unit and bool(key_names)
-    return _finish(outer, plan, dialect, key_names, bool(salted))
+    statement, slots = _generate(outer, plan, dialect, bool(salted))
+    return Rewritten(key_names, tuple(m.column for m in plan.measurements), salted,
+                     lambda: statement, slots=slots)
 
 
-def _finish(outer: exp.Expression, plan: QueryPlan, dialect: str,
-            key_names: tuple[str, ...], salted: bool) -> Rewritten:
-    """The statement's SQL, its WHERE slots (`dpproxy.shapes`) as typed parameters after
-    the salt: `CAST($n AS DOUBLE)` (DuckDB) or `CAST($n AS DECIMAL)` (PostgreSQL, NUMERIC),
-    the type the literal they replace is compared in."""
+def slot_count(plan: QueryPlan) -> int:
+    """How many WHERE slots (`dpproxy.shapes`) the plan's statements take as parameters."""
     where = plan.analysis.where
-    slotted = where is not None and any(slot_index(n) is not None
-                                         for n in where.find_all(exp.Literal))
+    return 0 if where is None else sum(slot_index(n) is not None
+                                        for n in where.find_all(exp.Literal))
+
+
+def _generate(outer: exp.Expression, plan: QueryPlan, dialect: str, salted: bool
+              ) -> tuple[str, int]:
+    """The statement's SQL and its slot count, its WHERE slots (`dpproxy.shapes`) as typed
+    parameters after the salt (`shapes.parameter_type`)."""
+    expected = slot_count(plan)
     slots = [n for n in outer.find_all(exp.Literal) if slot_index(n) is not None] \
-        if slotted else []
+        if expected else []
+    if len(slots) != expected:  # every WHERE literal reaches the statement: never here
+        raise ValueError(f"the statement holds {len(slots)} of its {expected} slots")
     if slots:
         if dialect == "duckdb":  # `?` and `$n` do not mix: the salt is `$1` here
             for placeholder in list(outer.find_all(exp.Placeholder)):
                 placeholder.replace(exp.Parameter(this=exp.Literal.number(1)))
-        number = exp.DataType.build("DECIMAL" if dialect == "postgres" else "DOUBLE")
         for slot in slots:
             index = slot_index(slot)
             assert index is not None
-            slot.replace(exp.cast(exp.Parameter(
-                this=exp.Literal.number(index + 1 + int(salted))), number.copy()))
+            slot.replace(exp.cast(exp.Parameter(this=exp.Literal.number(index + 1 + int(salted))),
+                                  parameter_type(slot.this, dialect)))
     # The tree was built for this call alone: the generator may transform it in place
     # (copy=False spares a deep copy of the whole statement, a tenth of a query's CPU).
-    return Rewritten(outer.sql(dialect=dialect, copy=False), key_names,
-                     tuple(m.column for m in plan.measurements), salted, len(slots))
+    return outer.sql(dialect=dialect, copy=False), len(slots)

@@ -79,6 +79,9 @@ _LAST_SHIFTABLE_DATE = "5870000-01-01"
 _LAST_TIMESTAMP_DATE = "294276-01-01"
 # NUMERIC overflows beyond 131072 digits before the decimal point; stay well below.
 MAX_DIGITS = 100_000
+_COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
+# A literal compared with a column as it is: converted to float4 at worst, never overflowing.
+_PLAIN_LITERAL_LIMIT = 1e15
 
 Typer = Callable[[exp.Expression], ExprType]
 
@@ -167,10 +170,29 @@ def _total_node(old: exp.Expression, new: exp.Expression, table: TablePolicy, ty
             if typed(old.args[arg]).kind != "text":
                 new.set(arg, exp.cast(new.args[arg], _TEXT.copy()))
         return new
+    if isinstance(new, _COMPARISONS) and all(_plain_number(old.args[arg], typed)
+                                             for arg in ("this", "expression")):
+        # comparing numeric columns and number literals cannot raise (PostgreSQL widens
+        # within its numeric types): no NUMERIC conversion of every row
+        for arg in ("this", "expression"):
+            source = old.args[arg]  # a column's total form is CAST(bare column AS NUMERIC)
+            new.set(arg, new.args[arg].this if isinstance(source, exp.Column)
+                    else source.copy())
+        return new
     if isinstance(new, exp.Floor | exp.Ceil) and new.args.get("decimals") is not None:
         raise NotSupportedError(f"{new.sql_name()} with a number of digits is not available "
                                 "on PostgreSQL", hint="use ROUND(x, digits)")
     return new
+
+
+def _plain_number(node: exp.Expression, typed: Typer) -> bool:
+    """A numeric column, or a number literal well inside every numeric type's range."""
+    if isinstance(node, exp.Column):
+        return typed(node).kind == "num"
+    if isinstance(node, exp.Neg):
+        node = node.this
+    return isinstance(node, exp.Literal) and not node.is_string \
+        and abs(float(node.this)) <= _PLAIN_LITERAL_LIMIT
 
 
 def _numeric(node: exp.Expression) -> exp.Expression:

@@ -395,10 +395,17 @@ class Session:
         if isinstance(planned, QueryPlan) and planned.reads_data \
                 and intact(planned.analysis.where, shape.values, planned.analysis.table):
             rewritten = rewrite(planned, self.engine.backend.dialect)
-            if rewritten.slots == len(values):
-                self.engine.remember_shape(self.analyst.name, shape.key, planned.analysis,
-                                           rewritten)
-                return planned, (rewritten, values)
+            try:  # generated now, before any charge: each statement holds every slot
+                for form in (rewritten, rewritten.unbounded):
+                    if form is not None:
+                        form.sql  # noqa: B018 (generated on first use)
+            except ValueError:
+                pass
+            else:
+                if rewritten.slots == len(values):
+                    self.engine.remember_shape(self.analyst.name, shape.key,
+                                               planned.analysis, rewritten)
+                    return planned, (rewritten, values)
         unlift(ast)  # not a cacheable shape: planned with its literals as they are
         return self._plan(statement), None
 
@@ -458,8 +465,10 @@ class Session:
                                            analyst=self.analyst.name,
                                            statement=analysis.statement, claim=key)
         try:
-            exact_rows = self.engine.backend.run_aggregate(rewritten.sql,
-                                                           rewritten.parameters(values))
+            unbounded = rewritten.unbounded if self.engine.policy.privacy.verify_bounds \
+                else None
+            exact_rows = self.engine.backend.run_aggregate(
+                rewritten.sql, rewritten.parameters(values), unbounded=unbounded)
         except errors.Error as exc:
             self.engine.ledger.drop_claim(self.analyst.name, key, charge.charge_id)
             self._audit(analysis.statement, "failed", exc, epsilon=plan.cost.epsilon,

@@ -55,7 +55,10 @@ class _ShapeGenerator(Postgres.Generator):  # type: ignore[misc]
 
     def literal_sql(self, expression: exp.Literal) -> str:
         index = slot_index(expression)
-        return f"$slot{index}" if index is not None else super().literal_sql(expression)
+        if index is None:
+            return super().literal_sql(expression)
+        # an integer and a decimal are typed apart (the rewrite's parameter types differ)
+        return f"$slot{index}" if expression.this.isdigit() else f"$slot{index}_decimal"
 
 
 _POSTGRES = Dialect.get_or_raise("postgres")
@@ -149,6 +152,15 @@ def _numeric_partner(literal: exp.Expression, table: TablePolicy) -> bool:
     policy = table.columns.get(name) or next(
         (c for n, c in table.columns.items() if n.lower() == name.lower()), None)
     return policy is not None and policy.type in ("int", "float")
+
+
+def parameter_type(text: str, dialect: str) -> exp.DataType:
+    """The backend type a slot's parameter is cast to: DOUBLE on DuckDB (where numeric
+    columns are compared in DOUBLE); on PostgreSQL the literal's own kind, BIGINT or
+    NUMERIC, so the comparison is the one PostgreSQL makes with the literal as written."""
+    if dialect != "postgres":
+        return exp.DataType.build("DOUBLE")
+    return exp.DataType.build("BIGINT" if text.isdigit() else "DECIMAL")
 
 
 def parameter_value(text: str) -> int | Decimal:

@@ -22,11 +22,14 @@ def plan_for(policy: Policy, sql: str, analyst: str = "alice") -> QueryPlan:
     return plan_query(analysis, QueryOptions(1.0, 1e-6, "laplace"))
 
 
-def exact_rows(backend: Any, plan: QueryPlan) -> dict[tuple[Any, ...], tuple[float, ...]]:
+def exact_rows(backend: Any, plan: QueryPlan, verify_bounds: bool = False
+               ) -> dict[tuple[Any, ...], tuple[float, ...]]:
     """Per-group exact statistics of the rewritten statement (one fresh salt per call):
-    keys → the plan's measurements, in order."""
+    keys → the plan's measurements, in order. `verify_bounds`: offer the backend the
+    unbounded form, as the session does (`dpproxy.bounds`)."""
     rewritten = rewrite(plan, backend.dialect)
-    rows = backend.run_aggregate(rewritten.sql, rewritten.parameters())
+    rows = backend.run_aggregate(rewritten.sql, rewritten.parameters(),
+                                 unbounded=rewritten.unbounded if verify_bounds else None)
     k = len(rewritten.key_columns)
     width = k + len(rewritten.measurement_columns)
     return {tuple(r[:k]): tuple(float(v) for v in r[k:width]) for r in rows}

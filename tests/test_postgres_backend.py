@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlglot import parse_one
+from sqlglot import exp, parse_one
 
 from dpproxy import errors
 from dpproxy.backends.duckdb import DuckDBBackend
@@ -179,6 +179,27 @@ def test_expressions_that_raise_as_written_are_total(pg_grid: psycopg.Connection
     # as text: the server evaluates everything; loading values is not what is tested
     rows = pg_grid.execute(f"SELECT CAST(({total}) AS TEXT) FROM edge").fetchall()
     assert len(rows) == 6
+
+
+PLAIN_COMPARISONS = ["x > 1e15", "x <= -1e15", "age > 1e15", "gain = 40.5", "x > age",
+                     "hours >= 2147483647", "n <> 0.1", "1e15 < u"]
+
+
+@pytest.mark.parametrize("sql", PLAIN_COMPARISONS)
+def test_plain_comparisons_skip_numeric_and_agree_with_it(pg_grid: psycopg.Connection[Any],
+                                                          sql: str) -> None:
+    """A numeric column compared with a number runs as written (no NUMERIC conversion
+    per row): on the edge rows (±1e300, NaN, ±Infinity, int4 extremes) it never raises
+    and gives what the NUMERIC comparison gives (NaN sorts above every number in both)."""
+    total = make_total(parse_one(sql, read="postgres"), UNBOUNDED, "postgres").sql("postgres")
+    assert "DECIMAL" not in total
+    numeric = parse_one(sql, read="postgres")
+    for column in numeric.find_all(exp.Column):
+        column.replace(exp.cast(column.copy(), "DECIMAL"))
+    rows = pg_grid.execute(f"SELECT {total}, {numeric.sql('postgres')} FROM edge "
+                           "WHERE x IS NULL OR x NOT IN ('Infinity', '-Infinity')").fetchall()
+    assert len(rows) == 4
+    assert all(plain == exact for plain, exact in rows)
 
 
 def test_the_edge_rows_do_raise_as_written(pg_grid: psycopg.Connection[Any]) -> None:

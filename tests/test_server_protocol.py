@@ -408,10 +408,11 @@ def test_cancel_after_charge_delivers_the_result(serve: ServeFactory) -> None:
     running, release = threading.Event(), threading.Event()
 
     class SlowBackend:
-        def run_aggregate(self, sql: str, parameters: object = ()) -> object:
+        def run_aggregate(self, sql: str, parameters: object = (), **kwargs: object
+                          ) -> object:
             running.set()
             release.wait(30)
-            return backend.run_aggregate(sql, parameters)
+            return backend.run_aggregate(sql, parameters, **kwargs)
 
         def __getattr__(self, name: str) -> object:
             return getattr(backend, name)

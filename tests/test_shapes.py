@@ -31,7 +31,7 @@ SHAPED = [
     ("SELECT sex, COUNT(*) FROM adult WHERE age > %s OR capital_gain = %s GROUP BY sex",
      [[-5, 0], [-70, 7], [-44, 114]]),  # a sign is part of the shape
     ("SELECT COUNT(*), SUM(amount) FROM visits WHERE amount < %s AND amount >= %s",
-     [[12.5, 0.1], [250, 0], [499.99, 3.25]]),
+     [[12.5, 0.1], [250.0, 0.0], [499.99, 3.25]]),
     ("SELECT education, VAR_POP(age) FROM adult WHERE capital_gain > %s GROUP BY education",
      [[-100], [-3]]),
 ]
@@ -87,6 +87,13 @@ def test_a_shaped_query_plans_and_measures_as_the_uncached_path(
         # so bounding keeps every row whatever the salt)
         if planned.analysis.table.name == "adult":
             assert _exact(engine, planned, slot_values, rewritten) == _exact(engine, fresh)
+            if rewritten.unbounded is not None:  # no person exceeds adult's bounds
+                unbounded = rewritten.unbounded
+                rows = engine.backend.run_aggregate(
+                    unbounded.sql, unbounded.parameters(rewritten.parameters(slot_values)))
+                k = len(rewritten.key_columns)
+                assert {tuple(r[:k]): tuple(float(v) for v in r[k:]) for r in rows} \
+                    == _exact(engine, fresh)
         else:
             assert _exact(engine, planned, slot_values, rewritten).keys() \
                 == _exact(engine, fresh).keys()
@@ -135,6 +142,7 @@ def test_a_repeat_of_a_shaped_query_is_answered_from_the_cache(alice: Session) -
     ("SELECT COUNT(*) FROM adult WHERE age > 5", "SELECT SUM(age) FROM adult WHERE age > 5"),
     ("SELECT COUNT(*) FROM adult WHERE age > 5", "SELECT COUNT(*) FROM adult WHERE age >= 5"),
     ("SELECT COUNT(*) FROM adult WHERE age > 5", "SELECT COUNT(*) FROM adult WHERE age > -5"),
+    ("SELECT COUNT(*) FROM adult WHERE age > 5", "SELECT COUNT(*) FROM adult WHERE age > 5.0"),
     ("SELECT COUNT(*) FROM adult WHERE age > 5", "SELECT COUNT(*) AS n FROM adult WHERE age > 5"),
     ("SELECT COUNT(*) FROM adult WHERE sex = 'Male'",
      "SELECT COUNT(*) FROM adult WHERE sex = 'Female'"),
@@ -225,12 +233,18 @@ def test_the_rewrite_binds_each_slot_after_the_salt(engine: Engine) -> None:
     rewritten, values = shaped
     assert values == (777, 55) and rewritten.salted and rewritten.slots == 2
     assert "777" not in rewritten.sql and "55" not in rewritten.sql
-    number = "DOUBLE" if engine.backend.dialect == "duckdb" else "DECIMAL"
+    number = "DOUBLE" if engine.backend.dialect == "duckdb" else "BIGINT"
     assert f"CAST($2 AS {number})" in rewritten.sql and f"CAST($3 AS {number})" in rewritten.sql
     assert "?" not in rewritten.sql  # the salt is $1, not a mixed-in `?`
     with pytest.raises(ValueError, match="2 slots"):
         rewritten.parameters(())
-    assert len(rewritten.parameters(values)) == 3
+    parameters = rewritten.parameters(values)
+    assert len(parameters) == 3 and parameters[1:] == (777, 55)
+    # the unbounded form (dpproxy.bounds) has no salt: its slots are $1 and $2
+    assert rewritten.unbounded is not None and rewritten.unbounded.slots == 2
+    assert f"CAST($1 AS {number})" in rewritten.unbounded.sql
+    assert "$3" not in rewritten.unbounded.sql
+    assert rewritten.unbounded.parameters(parameters) == (777, 55)
 
 
 def test_doctests() -> None:

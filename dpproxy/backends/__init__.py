@@ -9,15 +9,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from ..bounds import Unbounded
 from ..policy import Policy
 
 
 class Backend(Protocol):
     dialect: str  # sqlglot dialect the rewrite emits for this backend
 
-    def run_aggregate(self, sql: str, parameters: Sequence[object] = ()
-                      ) -> list[tuple[object, ...]]:
-        """Run one rewritten statement; raise BackendError (never the raw error) on failure."""
+    def run_aggregate(self, sql: str, parameters: Sequence[object] = (),
+                      unbounded: Unbounded | None = None) -> list[tuple[object, ...]]:
+        """Run one rewritten statement; raise BackendError (never the raw error) on failure.
+
+        `unbounded`: the same statistics without contribution bounding, which the backend
+        runs instead where it can prove, for the data the query reads, that bounding
+        removes nothing (`dpproxy.bounds`)."""
         ...
 
     def data_version(self) -> str:

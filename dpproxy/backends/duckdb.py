@@ -1,4 +1,10 @@
-"""The embedded DuckDB backend: a read-only connection with external access disabled."""
+"""The embedded DuckDB backend: a read-only connection with external access disabled.
+
+Read-only also fixes the data: while this backend holds the file open, DuckDB's file lock
+keeps every other process from opening it for writing, and no connection of this process
+can write it (DuckDB opens a file with one configuration per process). So a bound check
+(`dpproxy.bounds`) read once holds for as long as the backend is open.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ from pathlib import Path
 
 import duckdb
 
+from ..bounds import BoundCheck, BoundingCounts, Unbounded
 from ..errors import BackendError, InvalidPolicy
 from ..policy import Policy
 
@@ -38,6 +45,8 @@ class DuckDBBackend:
                                 hint="open it read-only without locking its configuration")
         self._local = threading.local()
         self._lock = threading.Lock()
+        self._checks: dict[str, tuple[object, ...] | None] = {}  # check SQL → observed maxima
+        self.bounding = BoundingCounts()
 
     @classmethod
     def open(cls, policy: Policy) -> DuckDBBackend:
@@ -58,8 +67,14 @@ class DuckDBBackend:
             self._local.cursor = cursor
         return cursor
 
-    def run_aggregate(self, sql: str, parameters: Sequence[object] = ()
-                      ) -> list[tuple[object, ...]]:
+    def run_aggregate(self, sql: str, parameters: Sequence[object] = (),
+                      unbounded: Unbounded | None = None) -> list[tuple[object, ...]]:
+        if unbounded is not None:
+            if self._bounds_hold(unbounded.check):
+                sql, parameters = unbounded.sql, unbounded.parameters(parameters)
+                self.bounding.skipped += 1
+            else:
+                self.bounding.enforced += 1
         try:
             return self._cursor().execute(sql, list(parameters)).fetchall()
         except duckdb.Error as exc:
@@ -68,6 +83,20 @@ class DuckDBBackend:
                 detail=f"backend error class: {type(exc).__name__}",
                 hint="the backend's message is withheld because it may quote private data",
             ) from None
+
+    def _bounds_hold(self, check: BoundCheck) -> bool:
+        with self._lock:
+            known = check.sql in self._checks
+            observed = self._checks.get(check.sql)
+        if not known:
+            try:
+                observed = self._cursor().execute(check.sql).fetchone()
+            except duckdb.Error:
+                observed = None  # not verified: bound as always
+            with self._lock:
+                self._checks[check.sql] = observed
+                self.bounding.checks += 1
+        return check.holds(observed)
 
     def data_version(self) -> str:
         stat = self._path.stat()

@@ -1,10 +1,12 @@
 """The PostgreSQL backend: a pool of read-only connections with a server-side timeout.
 
 Every connection starts with `default_transaction_read_only = on` and runs each
-statement in a `BEGIN READ ONLY` transaction, under `statement_timeout` (the policy's
-`[server] statement_timeout_s`), in UTC with ISO dates so casts to text read the same
-everywhere. Statements go through psycopg's raw cursor: the rewrite's only parameter,
-the salt, is `$1`, and no `%` in the statement is ever read as a placeholder.
+statement in a `BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY` transaction (so that a
+bound check, `dpproxy.bounds`, and the query it licenses read one snapshot), under
+`statement_timeout` (the policy's `[server] statement_timeout_s`), in UTC with ISO dates
+so casts to text read the same everywhere. Statements go through psycopg's raw cursor:
+the rewrite's only parameter, the salt, is `$1`, and no `%` in the statement is ever read
+as a placeholder.
 
 The password never appears in the policy: it comes from the environment variable named
 by `password_env`, from `passfile` (.pgpass format), or from libpq's own PGPASSWORD /
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +27,7 @@ from psycopg.adapt import Loader
 from psycopg.types.datetime import DateLoader, TimestampLoader, TimestamptzLoader
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from ..bounds import BoundCheck, BoundingCounts, Unbounded
 from ..errors import BackendError, InvalidPolicy
 from ..policy import Policy, env_password
 
@@ -42,6 +47,13 @@ SELECT pg_postmaster_start_time()::text,
           LEFT JOIN pg_class c ON c.oid = to_regclass(quote_ident(t.name))
           LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid)
 """
+
+# The transaction's snapshot, as text, and the server's start time: two transactions with
+# equal values see the same committed rows. Read first, so it is the transaction's.
+_SNAPSHOT_SQL = "SELECT pg_current_snapshot()::text || '@' || pg_postmaster_start_time()::text"
+# After the data changed, a bound check is read again at most this often (seconds): until
+# then queries are bounded as always, so a busy server does not pay a check per query.
+RECHECK_S = 60.0
 
 
 class _NumericAsFloat(Loader):
@@ -118,6 +130,11 @@ class PostgresBackend:
                 from None
         self._server = describe_server(dsn)
         self._tables = list(tables)
+        # check SQL → (snapshot it was read in, observed maxima, monotonic time read)
+        self._checks: dict[str, tuple[str, tuple[object, ...] | None, float]] = {}
+        self._checks_lock = threading.Lock()
+        self.bounding = BoundingCounts()
+        self.recheck_s = RECHECK_S
         kwargs: dict[str, Any] = {"options": options, "connect_timeout": CONNECT_TIMEOUT_S,
                                   "cursor_factory": psycopg.RawCursor}
         if password is not None:
@@ -147,16 +164,24 @@ class PostgresBackend:
     @staticmethod
     def _configure(conn: psycopg.Connection[Any]) -> None:
         conn.read_only = True  # BEGIN READ ONLY, on top of the session default
+        # one snapshot per transaction: a bound check holds for the query that follows it
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         # NUMERIC aggregates as floats: a value beyond float range is inf, not an error
         conn.adapters.register_loader("numeric", _NumericAsFloat)
         conn.adapters.register_loader("date", _InfinityDateLoader)
         conn.adapters.register_loader("timestamp", _InfinityTimestampLoader)
         conn.adapters.register_loader("timestamptz", _InfinityTimestamptzLoader)
 
-    def run_aggregate(self, sql: str, parameters: Sequence[object] = ()
-                      ) -> list[tuple[object, ...]]:
+    def run_aggregate(self, sql: str, parameters: Sequence[object] = (),
+                      unbounded: Unbounded | None = None) -> list[tuple[object, ...]]:
         try:
             with self._pool.connection() as conn, conn.cursor() as cursor:
+                if unbounded is not None:
+                    if self._bounds_hold(conn, cursor, unbounded.check):
+                        sql, parameters = unbounded.sql, unbounded.parameters(parameters)
+                        self.bounding.skipped += 1
+                    else:
+                        self.bounding.enforced += 1
                 cursor.execute(sql, list(parameters) or None)
                 return [tuple(row) for row in cursor.fetchall()]
         except psycopg.errors.QueryCanceled:
@@ -169,6 +194,31 @@ class PostgresBackend:
                 detail=f"backend error class: {type(exc).__name__}",
                 hint="the backend's message is withheld because it may quote private data",
             ) from None
+
+    def _bounds_hold(self, conn: psycopg.Connection[Any], cursor: psycopg.Cursor[Any],
+                     check: BoundCheck) -> bool:
+        """Whether `check` holds in this transaction's snapshot: known for an equal
+        snapshot, else read now (in a savepoint, at most every `recheck_s` per check)."""
+        row = cursor.execute(_SNAPSHOT_SQL).fetchone()
+        snapshot = str(row[0]) if row else ""
+        now = time.monotonic()
+        with self._checks_lock:
+            known = self._checks.get(check.sql)
+        if known is not None and known[0] == snapshot:
+            return check.holds(known[1])
+        if known is not None and now - known[2] < self.recheck_s:
+            return False
+        observed: tuple[object, ...] | None
+        try:
+            with conn.transaction():  # a failed check leaves the transaction usable
+                found = cursor.execute(check.sql).fetchone()
+            observed = tuple(found) if found else None
+        except psycopg.Error:  # e.g. too slow to verify within the timeout
+            observed = None  # not verified: bound as always
+        with self._checks_lock:
+            self._checks[check.sql] = (snapshot, observed, now)
+            self.bounding.checks += 1
+        return check.holds(observed)
 
     def data_version(self) -> str:
         """Changes when a policy table may have changed: its row counters (inserts,

@@ -1,0 +1,119 @@
+"""Verified contribution bounds: skip truncation where the data provably needs none.
+
+Contribution bounding keeps at most `max_rows` rows of a privacy unit per group and at
+most `max_groups` groups per unit. On data where no unit exceeds either bound, it removes
+nothing: LEAST(n, max_rows) = n, a random sample of max_rows out of ≤ max_rows rows is all
+of them, and every group of a unit ranks ≤ max_groups. The plain clamped aggregate then
+computes the same statistics as the bounded one, so running it instead changes no output
+distribution, hence no privacy guarantee; it only saves the per-unit work, which is most
+of a user-level query's time.
+
+Whether the bounds hold is read by one `BoundCheck` query over the whole table (a WHERE
+only removes rows, so the whole table is the worst case), and the answer is used only for
+the very data it was read from:
+
+* DuckDB: the backend holds the file open read-only, and DuckDB's file lock stops every
+  other process from opening it for writing meanwhile (and this process opens it with
+  one configuration only), so one check holds for the life of the backend;
+* PostgreSQL: check and query run in one REPEATABLE READ transaction, and a check is
+  reused only by a transaction whose snapshot (xmin, xmax, in-progress transactions, and
+  the server's start time) equals the one it was read in: equal snapshots see the same
+  committed rows.
+
+The check's result never leaves the proxy. What can be observed is time: a query is
+faster while no unit exceeds the bounds. Timing is outside the model dpproxy defends
+(as for any engine whose speed depends on data size); `[privacy] verify_bounds = false`
+in the policy turns the shortcut off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from sqlglot import exp
+
+UNIT = "__unit"
+PAIR_ROWS = "__pair_rows"
+UNIT_GROUPS = "__unit_groups"
+
+
+@dataclass(frozen=True)
+class BoundCheck:
+    """A query over one table returning one row: the most rows any unit has in one group,
+    and the most groups any unit has (NULLs on an empty table)."""
+
+    sql: str
+    max_rows: int
+    max_groups: int
+
+    def holds(self, observed: Sequence[object] | None) -> bool:
+        """Whether the observed maxima are within the plan's bounds."""
+        if observed is None:
+            return False
+        rows, groups = (0 if v is None else int(v) for v in observed)  # type: ignore[call-overload]
+        return rows <= self.max_rows and groups <= self.max_groups
+
+
+@dataclass
+class BoundingCounts:
+    """How a backend ran the statements offered an unbounded form: checks read, and
+    statements run unbounded (`skipped`) or bounded (`enforced`)."""
+
+    checks: int = 0
+    skipped: int = 0
+    enforced: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class Unbounded:
+    """The plan's statistics without contribution bounding, which the backend may run
+    instead of the bounded statement on data where `check` holds. Its parameters are its
+    WHERE slots' values (`dpproxy.shapes`), if any, which the bounded statement takes last;
+    the statement is generated on first use of `sql`."""
+
+    generate: Callable[[], str] = field(repr=False)
+    check: BoundCheck
+    slots: int = 0
+
+    @cached_property
+    def sql(self) -> str:
+        return self.generate()
+
+    def parameters(self, bounded: Sequence[object]) -> tuple[object, ...]:
+        """This statement's parameters, from the bounded statement's (salt first, if any,
+        then the slots' values)."""
+        return tuple(bounded[len(bounded) - self.slots:]) if self.slots else ()
+
+
+def bound_check(table: str, unit: exp.Expression, keys: Sequence[exp.Expression],
+                dialect: str, max_rows: int, max_groups: int) -> BoundCheck:
+    """The check for a table, its privacy unit column and the plan's group keys (total row
+    expressions, as the rewrite computes them).
+
+    >>> from sqlglot import exp
+    >>> print(bound_check("t", exp.column("uid", quoted=True), [], "duckdb", 5, 1).sql)
+    ... # doctest: +NORMALIZE_WHITESPACE
+    SELECT MAX(__pair_rows), MAX(__unit_groups) FROM (SELECT __unit, COUNT(*) AS
+    __unit_groups, MAX(__pair_rows) AS __pair_rows FROM (SELECT __unit, COUNT(*) AS
+    __pair_rows FROM (SELECT "uid" AS __unit FROM "t") AS rows GROUP BY __unit) AS pairs
+    GROUP BY __unit) AS units
+    """
+    key_names = [f"k{i}" for i in range(len(keys))]
+    items = [exp.alias_(unit.copy(), UNIT),
+             *(exp.alias_(k.copy(), n) for k, n in zip(keys, key_names, strict=True))]
+    rows = exp.select(*items, copy=False).from_(
+        exp.Table(this=exp.to_identifier(table, quoted=True)), copy=False).subquery(
+        "rows", copy=False)
+    pairs = exp.select(exp.column(UNIT), exp.alias_(exp.Count(this=exp.Star()), PAIR_ROWS),
+                       copy=False).from_(rows, copy=False).group_by(
+        exp.column(UNIT), *(exp.column(n) for n in key_names), copy=False)
+    units = exp.select(
+        exp.column(UNIT), exp.alias_(exp.Count(this=exp.Star()), UNIT_GROUPS),
+        exp.alias_(exp.Max(this=exp.column(PAIR_ROWS)), PAIR_ROWS), copy=False).from_(
+        pairs.subquery("pairs", copy=False), copy=False).group_by(exp.column(UNIT), copy=False)
+    check = exp.select(exp.Max(this=exp.column(PAIR_ROWS)),
+                       exp.Max(this=exp.column(UNIT_GROUPS)), copy=False).from_(
+        units.subquery("units", copy=False), copy=False)
+    return BoundCheck(check.sql(dialect=dialect, copy=False), max_rows, max_groups)

@@ -1,0 +1,352 @@
+"""Verified contribution bounds (`dpproxy.bounds`), on real DuckDB and PostgreSQL.
+
+Where a check proves that no unit exceeds the bounds, the backend runs the plan's
+statistics without bounding. These tests show that this changes no statistic, that a
+unit over a bound always makes the backend bound as before (a 50-row unit still moves
+no answer beyond the plan's sensitivity), that a change to the data after a check is
+seen before the check is trusted again, and that the two facts the proof rests on hold
+on these engines: DuckDB's lock on a file held read-only, and PostgreSQL's snapshot.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import psycopg
+import pytest
+from sqlglot import exp
+
+from dpproxy.backends import Backend, open_backend
+from dpproxy.bounds import BoundCheck, bound_check
+from dpproxy.errors import InvalidPolicy
+from dpproxy.policy import Policy, load_policy
+from dpproxy.rewrite import rewrite
+from dpproxy.session import Engine
+from tests.conftest import PolicyFactory
+from tests.exact import exact_rows, plan_for
+
+ANALYST = "bob"
+MAX_ROWS, MAX_GROUPS = 2, 2
+GROUPS = "abcde"
+HEAVY_ROWS = 50
+
+POLICY = """
+[backend]
+BACKEND
+
+[ledger]
+path = "verified.ledger.sqlite"
+
+[audit]
+path = "verified.audit.jsonl"
+
+TABLES
+
+[analysts.bob]
+budget = { epsilon = 1e9, delta = 0.5 }
+tables = ["w", "h", "h0", "m"]
+"""
+
+TABLE = """
+[tables.NAME]
+privacy_unit = "uid"
+max_rows_per_unit = 2
+max_groups_per_unit = 2
+
+[tables.NAME.columns]
+uid = { type = "int", nullable = false }
+g = { type = "text", public_values = ["a", "b", "c", "d", "e"] }
+c = { type = "text" }
+v = { type = "int", lower = 0, upper = 100 }
+x = { type = "float", lower = 0, upper = 100 }
+"""
+
+
+def within_rows() -> list[tuple[Any, ...]]:
+    """Units 1..300: 1 or 2 rows in group g(u), and every third unit 2 more rows in the
+    next group: ≤ 2 rows per (unit, group) and ≤ 2 groups per unit, so a GROUP BY g is
+    within the bounds; but up to 4 rows per unit, so a query without GROUP BY is not.
+    c is constant per unit (a private key within the bounds too)."""
+    rows = []
+    for u in range(1, 301):
+        city = f"city{u % 7}"
+        for j in range(1 + u % 2):
+            rows.append((u, GROUPS[u % 5], city, (u * 7 + j) % 101, float((u + j) % 100)))
+        if u % 3 == 0:
+            rows += [(u, GROUPS[(u + 1) % 5], city, 50, 25.5)] * 2
+    return rows
+
+
+def light_rows() -> list[tuple[Any, ...]]:
+    """Units 1..200 with 1 or 2 rows in one group: within every bound."""
+    return [(u, GROUPS[u % 5], f"city{u % 3}", u % 101, float((u + j) % 100))
+            for u in range(1, 201) for j in range(1 + u % 2)]
+
+
+def heavy_rows() -> list[tuple[Any, ...]]:
+    """Unit 0: 50 rows, 10 in each group."""
+    return [(0, GROUPS[j % 5], "city0", 100, float(j)) for j in range(HEAVY_ROWS)]
+
+
+TABLES = {"w": within_rows(), "h": heavy_rows() + light_rows(), "h0": light_rows(),
+          "m": light_rows()}
+COLUMNS = "uid INTEGER NOT NULL, g TEXT, c TEXT, v INTEGER, x DOUBLE PRECISION"
+
+
+@pytest.fixture(scope="module")
+def duckdb_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("verified") / "verified.duckdb"
+    con = duckdb.connect(str(path))
+    for name, rows in TABLES.items():
+        con.execute(f"CREATE TABLE {name} ({COLUMNS.replace('PRECISION', '')})")
+        con.executemany(f"INSERT INTO {name} VALUES (?, ?, ?, ?, ?)", rows)
+    con.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def postgres_dsn(pg_dsn: str) -> Iterator[str]:
+    from tests.pg import scratch_database
+
+    with scratch_database(pg_dsn) as dsn:
+        with psycopg.connect(dsn) as con, con.cursor() as cur:
+            for name, rows in TABLES.items():
+                cur.execute(f"CREATE TABLE {name} ({COLUMNS})")
+                cur.executemany(f"INSERT INTO {name} VALUES (%s, %s, %s, %s, %s)", rows)
+        yield dsn
+
+
+def write_policy(tmp_path: Path, backend: str, extra: str = "") -> Path:
+    tables = "\n".join(TABLE.replace("NAME", name) for name in TABLES)
+    file = tmp_path / "verified.toml"
+    file.write_text(POLICY.replace("BACKEND", backend).replace("TABLES", extra + tables))
+    return file
+
+
+@pytest.fixture(params=["duckdb", "postgres"])
+def policy(request: pytest.FixtureRequest, tmp_path: Path) -> Policy:
+    if request.param == "duckdb":
+        backend = f'kind = "duckdb"\npath = "{request.getfixturevalue("duckdb_file").as_posix()}"'
+    else:
+        backend = f'kind = "postgres"\ndsn = "{request.getfixturevalue("postgres_dsn")}"'
+    return load_policy(write_policy(tmp_path, backend))
+
+
+@pytest.fixture
+def backend(policy: Policy) -> Iterator[Backend]:
+    opened = open_backend(policy)
+    if hasattr(opened, "recheck_s"):
+        # other tests may write to this server at any time: read a check again whenever
+        # the snapshot changed, so whether a statement runs unbounded is deterministic
+        opened.recheck_s = 0.0
+    yield opened
+    opened.close()
+
+
+def counts(backend: Backend) -> tuple[int, int, int]:
+    b = backend.bounding  # type: ignore[attr-defined]
+    return b.checks, b.skipped, b.enforced
+
+
+# -- the check -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("table", "keys", "maxima"), [
+    ("w", [], (4, 1)), ("w", ["g"], (2, 2)), ("w", ["c"], (4, 1)),
+    ("h", [], (50, 1)), ("h", ["g"], (10, 5)), ("h", ["g", "c"], (10, 5)),
+    ("h0", [], (2, 1)),
+])
+def test_check_reads_the_most_rows_per_group_and_groups_per_unit(
+        backend: Backend, table: str, keys: list[str], maxima: tuple[int, int]) -> None:
+    check = bound_check(table, exp.column("uid", quoted=True),
+                        [exp.column(k, quoted=True) for k in keys], backend.dialect, 2, 2)
+    (row,) = backend.run_aggregate(check.sql)
+    assert tuple(int(v) for v in row) == maxima
+    assert check.holds(row) == (maxima[0] <= 2 and maxima[1] <= 2)
+
+
+def test_check_on_an_empty_table_holds() -> None:
+    assert BoundCheck("", 1, 1).holds((None, None))
+    assert not BoundCheck("", 1, 1).holds(None)  # a check that could not be read
+    assert not BoundCheck("", 5, 1).holds((5, 2))
+    assert not BoundCheck("", 5, 1).holds((6, 1))
+
+
+# -- within the bounds: the same statistics, without bounding ------------------------------------
+
+WITHIN = [
+    "SELECT g, COUNT(*), COUNT(v), SUM(v), AVG(x), COUNT(DISTINCT uid) FROM w GROUP BY g",
+    "SELECT g, SUM(x) FROM w WHERE v > 30 GROUP BY g",
+    "SELECT LOWER(g) AS lg, COUNT(*), SUM(v) FROM w GROUP BY lg",
+    "SELECT c, COUNT(*), SUM(x) FROM h0 GROUP BY c",  # a private key: partition selection
+    "SELECT COUNT(*), SUM(v), VAR_POP(x) FROM h0",
+    "SELECT g, c, COUNT(*) FROM h0 GROUP BY g, c",
+]
+
+
+@pytest.mark.parametrize("sql", WITHIN)
+def test_within_the_bounds_the_unbounded_statement_computes_the_same(
+        policy: Policy, backend: Backend, sql: str) -> None:
+    """The check holds, so the backend runs the unbounded statement; its statistics equal
+    the bounded statement's (counts exactly, sums to rounding: summation order differs)."""
+    plan = plan_for(policy, sql, analyst=ANALYST)
+    assert rewrite(plan, backend.dialect).unbounded is not None
+    before = counts(backend)
+    unbounded = exact_rows(backend, plan, verify_bounds=True)
+    after = counts(backend)
+    assert after[1] == before[1] + 1 and after[2] == before[2]  # skipped, not enforced
+    bounded = exact_rows(backend, plan)
+    assert set(unbounded) == set(bounded)
+    for key, values in bounded.items():
+        assert unbounded[key] == pytest.approx(values, rel=1e-12, abs=1e-9)
+
+
+def test_a_check_is_read_once_per_data(policy: Policy, backend: Backend) -> None:
+    """Queries with the same table and keys share one check; other keys need their own."""
+    plans = [plan_for(policy, sql, analyst=ANALYST) for sql in (
+        "SELECT g, COUNT(*) FROM w GROUP BY g", "SELECT g, SUM(v) FROM w GROUP BY g",
+        "SELECT g, AVG(x) FROM w WHERE x > 3 GROUP BY g", "SELECT COUNT(*) FROM w")]
+    before = counts(backend)
+    for plan in plans:
+        exact_rows(backend, plan, verify_bounds=True)
+    checks, skipped, enforced = (a - b for a, b in zip(counts(backend), before, strict=True))
+    assert (skipped, enforced) == (3, 1)  # without GROUP BY a unit has up to 4 rows
+    if backend.dialect == "duckdb":
+        assert checks == 2
+    else:  # a snapshot may have changed between the queries (other tests write)
+        assert 2 <= checks <= 4
+
+
+def test_over_the_bounds_the_backend_bounds(policy: Policy, backend: Backend) -> None:
+    """Without GROUP BY, w has units of 3 and 4 rows: the check fails and COUNT(*) is the
+    bounded one, Σ min(rows, 2), never the plain row count."""
+    plan = plan_for(policy, "SELECT COUNT(*) FROM w", analyst=ANALYST)
+    rows_per_unit: dict[int, int] = {}
+    for row in TABLES["w"]:
+        rows_per_unit[row[0]] = rows_per_unit.get(row[0], 0) + 1
+    bounded = sum(min(n, MAX_ROWS) for n in rows_per_unit.values())
+    assert bounded < len(TABLES["w"])
+    before = counts(backend)
+    assert exact_rows(backend, plan, verify_bounds=True) == {(): (float(bounded),)}
+    assert counts(backend)[2] == before[2] + 1
+
+
+HEAVY = [
+    "SELECT COUNT(*), COUNT(v), SUM(v), AVG(v), SUM(x), COUNT(DISTINCT uid) FROM TABLE",
+    "SELECT g, COUNT(*), COUNT(v), SUM(v), AVG(v), SUM(x), COUNT(DISTINCT uid) FROM TABLE "
+    "GROUP BY g",
+    "SELECT c, COUNT(*), SUM(x) FROM TABLE GROUP BY c",
+]
+
+
+@pytest.mark.parametrize("sql", HEAVY)
+def test_heavy_unit_moves_no_answer_beyond_its_bound(policy: Policy, backend: Backend,
+                                                     sql: str) -> None:
+    """With the shortcut on: h0 (light units only) runs unbounded, h (the same plus a
+    unit of 50 rows) is bounded, and the difference, unit 0's contribution, is within
+    the plan's sensitivity per measurement, in at most max_groups groups."""
+    plan = plan_for(policy, sql.replace("TABLE", "h"), analyst=ANALYST)
+    without_plan = plan_for(policy, sql.replace("TABLE", "h0"), analyst=ANALYST)
+    before = counts(backend)
+    without = exact_rows(backend, without_plan, verify_bounds=True)
+    assert counts(backend)[1] == before[1] + 1
+    for _ in range(5):
+        before = counts(backend)
+        got = exact_rows(backend, plan, verify_bounds=True)
+        assert counts(backend)[2] == before[2] + 1
+        assert set(without) <= set(got)
+        for index, measurement in enumerate(plan.measurements):
+            change = {key: got[key][index] - without.get(key, (0.0,) * len(got[key]))[index]
+                      for key in got}
+            assert sum(abs(c) for c in change.values()) <= measurement.sensitivity + 1e-6
+            assert sum(1 for c in change.values() if c) <= MAX_GROUPS
+
+
+# -- the facts the proof rests on ----------------------------------------------------------------
+
+def test_duckdb_file_held_read_only_cannot_be_written(duckdb_file: Path,
+                                                      tmp_path: Path) -> None:
+    """While the backend holds the file, another process cannot open it for writing, so
+    a check read once holds for the backend's life."""
+    policy = load_policy(write_policy(tmp_path, f'kind = "duckdb"\npath = "{duckdb_file}"'))
+    backend = open_backend(policy)
+    try:
+        script = (f"import duckdb; c = duckdb.connect({str(duckdb_file)!r}); "
+                  "c.execute('INSERT INTO w VALUES (0, NULL, NULL, NULL, NULL)'); print('wrote')")
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode != 0 and "wrote" not in done.stdout
+        assert "lock" in done.stderr.lower()
+    finally:
+        backend.close()
+
+
+def test_postgres_snapshot_is_the_transactions(postgres_dsn: str) -> None:
+    """In a REPEATABLE READ transaction the snapshot text read first stays the same, and
+    the rows it sees stay the same, while another session commits a change."""
+    with psycopg.connect(postgres_dsn, autocommit=True) as writer, \
+            psycopg.connect(postgres_dsn) as reader:
+        reader.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        writer.execute("CREATE TABLE snap (x INTEGER)")
+        first = reader.execute("SELECT pg_current_snapshot()::text").fetchone()
+        writer.execute("INSERT INTO snap VALUES (1)")
+        again = reader.execute("SELECT pg_current_snapshot()::text, "
+                               "(SELECT COUNT(*) FROM snap)").fetchone()
+        assert again is not None and first is not None
+        assert (again[0], again[1]) == (first[0], 0)
+        reader.commit()
+        later = reader.execute("SELECT pg_current_snapshot()::text").fetchone()
+        assert later is not None and later[0] != first[0]  # a commit moves the snapshot
+
+
+def test_postgres_change_after_a_check_is_seen(postgres_dsn: str, tmp_path: Path) -> None:
+    """A check that held is not reused once a unit of 50 rows is committed: within
+    recheck_s the backend bounds without checking; after it, it checks again, finds the
+    unit, and bounds. Either way the new unit moves COUNT(*) by max_rows · max_groups
+    at most."""
+    policy = load_policy(write_policy(tmp_path, f'kind = "postgres"\ndsn = "{postgres_dsn}"'))
+    plan = plan_for(policy, "SELECT g, COUNT(*) FROM m GROUP BY g", analyst=ANALYST)
+    backend = open_backend(policy)
+    try:
+        before = exact_rows(backend, plan, verify_bounds=True)
+        assert counts(backend) == (1, 1, 0)
+        with psycopg.connect(postgres_dsn, autocommit=True) as writer:
+            writer.execute("INSERT INTO m SELECT 999, 'a', 'x', 1, 1.0 "
+                           "FROM generate_series(1, 50)")
+        backend.recheck_s = 3600.0  # type: ignore[attr-defined]
+        got = exact_rows(backend, plan, verify_bounds=True)
+        assert counts(backend) == (1, 1, 1)  # a new snapshot: bounded, not checked
+        assert got[("a",)][0] - before[("a",)][0] == MAX_ROWS
+        backend.recheck_s = 0.0  # type: ignore[attr-defined]
+        got = exact_rows(backend, plan, verify_bounds=True)
+        assert counts(backend) == (2, 1, 2)  # checked again: the unit is over the bound
+        assert got[("a",)][0] - before[("a",)][0] == MAX_ROWS
+    finally:
+        backend.close()
+
+
+# -- through the session ---------------------------------------------------------------------------
+
+def test_session_uses_the_check_unless_the_policy_turns_it_off(
+        make_policy: PolicyFactory) -> None:
+    """On the demo (one row per person in adult) the session's query runs unbounded; with
+    `verify_bounds = false` the backend is never offered the unbounded form."""
+    sql = "SELECT education, COUNT(*), AVG(age) FROM adult GROUP BY education"
+    with Engine.from_path(make_policy()) as engine:
+        engine.session("alice").execute(sql)
+        assert counts(engine.backend) == (1, 1, 0)
+    off = make_policy({"[privacy]\n": "[privacy]\nverify_bounds = false\n"})
+    with Engine.from_path(off) as engine:
+        engine.session("alice").execute(sql)
+        assert counts(engine.backend) == (0, 0, 0)
+
+
+def test_verify_bounds_must_be_a_boolean(tmp_path: Path) -> None:
+    file = write_policy(tmp_path, 'kind = "duckdb"\npath = "x.duckdb"',
+                        extra='[privacy]\nverify_bounds = "yes"\n')
+    with pytest.raises(InvalidPolicy, match="verify_bounds"):
+        load_policy(file)

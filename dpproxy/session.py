@@ -387,8 +387,8 @@ class Session:
             analysis, rewritten = cached
             # Everything but the WHERE literals (which the statement carries as parameters)
             # and the text is the shape's, accepted for every value of them. (Without
-            # slots, the shape's key is the statement's text.)
-            text = ast.sql("postgres") if values else shape.key
+            # slots, the shape's SQL is the statement's text.)
+            text = ast.sql("postgres") if values else shape.sql
             return plan_query(replace(analysis, statement=text), self.options), \
                 (rewritten, values)
         planned = self._plan(statement)  # the slots are literals to the analyzer

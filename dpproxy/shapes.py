@@ -21,7 +21,7 @@ shape whose slots the analyzer did not keep intact (`intact`) is not cached.
 >>> import sqlglot
 >>> tree = sqlglot.parse_one("SELECT COUNT(*) FROM t WHERE a > 40 AND b = 'x'", read="postgres")
 >>> shape = lift(tree)
->>> shape.key, shape.values
+>>> shape.sql, shape.values
 ("SELECT COUNT(*) FROM t WHERE a > $slot0 AND b = 'x'", ('40',))
 >>> tree.sql("postgres")  # a slot prints as its literal everywhere else
 "SELECT COUNT(*) FROM t WHERE a > 40 AND b = 'x'"
@@ -37,6 +37,7 @@ from sqlglot.dialects.dialect import Dialect
 from sqlglot.dialects.postgres import Postgres
 
 from .policy import TablePolicy
+from .postprocess import output_name
 
 MAX_DIGITS = 15  # every decimal of at most 15 digits converts exactly to its nearest DOUBLE
 _COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
@@ -68,10 +69,12 @@ _POSTGRES = Dialect.get_or_raise("postgres")
 class Shape:
     """A bound query with its liftable literals as slots."""
 
-    # the query's SQL with slots as `$slot<n>` (without slots: exactly its PostgreSQL SQL);
-    # equal keys, equal queries but for the slots' values
+    # the query's SQL with slots as `$slot<n>`, then its output names (which the SQL does
+    # not always show: MEDIAN(x) prints as PERCENTILE_CONT(0.5) …); equal keys, equal
+    # queries but for the slots' values
     key: str
     values: tuple[str, ...]  # each slot's literal text, in slot order
+    sql: str  # the SQL part of the key: without slots, exactly the query's PostgreSQL SQL
 
 
 def _plain_number(node: exp.Expression) -> bool:
@@ -119,7 +122,10 @@ def lift(select: exp.Expression) -> Shape:
     generator = _ShapeGenerator(dialect=_POSTGRES)
     # a copy: the generator may rewrite parts of the tree it prints, and this one is yet
     # to be analysed
-    return Shape(generator.generate(select, copy=True), tuple(values))
+    sql = generator.generate(select, copy=True)
+    names = [output_name(item) for item in select.expressions] \
+        if isinstance(select, exp.Select) else []
+    return Shape("\x00".join([sql, *names]), tuple(values), sql)
 
 
 def unlift(select: exp.Expression) -> None:

@@ -163,6 +163,9 @@ def test_a_repeat_of_a_shaped_query_is_answered_from_the_cache(alice: Session) -
      "SELECT age / 20 * 10, COUNT(*) FROM adult WHERE age > 5 GROUP BY 1"),
     ("SELECT MEDIAN(age) FROM adult WHERE age > 5",
      "SELECT PERCENTILE_CONT(0.4) WITHIN GROUP (ORDER BY age) FROM adult WHERE age > 5"),
+    # the same SQL once printed, but other output names
+    ("SELECT MEDIAN(age) FROM adult WHERE age > 5",
+     "SELECT PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY age) FROM adult WHERE age > 5"),
     ("SELECT COUNT(*) FROM adult WHERE age > 5",
      "SELECT COUNT(*) FROM adult WHERE age > 5 AND age < 90"),
 ])

@@ -429,7 +429,8 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
 
 def _samples_rows(plan: QueryPlan, dialect: str) -> bool:
     """Whether bounding must pick rows at random: a SUM needs the kept rows' values (and
-    on PostgreSQL, which has no MIN_BY(…, n), so does a COUNT of an argument)."""
+    on PostgreSQL, which samples the rows before aggregating, so does a COUNT of an
+    argument)."""
     kinds = {m.statistic.kind for m in plan.measurements}
     if dialect == "duckdb":
         return "sum" in kinds

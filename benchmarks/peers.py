@@ -221,6 +221,8 @@ def run_dpproxy(policy: Path, queries: Sequence[Query], runs: int, epsilon: floa
         for q in queries:
             session.execute(q.sql)
             times, answers = [], []
+            bounding = engine.backend.bounding  # type: ignore[attr-defined]
+            skipped, enforced = bounding.skipped, bounding.enforced
             for i in range(runs):
                 # a fresh ε each time (1e-9 apart): the same query at the same ε would be
                 # answered from the cache of released answers, without new noise
@@ -229,7 +231,10 @@ def run_dpproxy(policy: Path, queries: Sequence[Query], runs: int, epsilon: floa
                 result = session.execute(q.sql)
                 times.append((time.perf_counter() - start) * 1000)
                 answers.append([list(r) for r in result.rows])
-            out[q.name] = {"times_ms": times, "answers": answers}
+            # how many timed runs the backend ran without bounding (`dpproxy.bounds`)
+            out[q.name] = {"times_ms": times, "answers": answers,
+                           "unbounded_runs": bounding.skipped - skipped,
+                           "bounded_runs": bounding.enforced - enforced}
     return out
 
 
@@ -645,7 +650,7 @@ def summarize(systems: dict[str, dict[str, Any]], exact: dict[str, dict[str, Any
             entry: dict[str, Any] = {"median_ms": median(r["times_ms"]),
                                      "runs": len(r["times_ms"])}
             for extra in ("epsilon_per_statistic", "delta_parameter", "query_epsilon",
-                          "query_delta"):
+                          "query_delta", "unbounded_runs", "bounded_runs"):
                 if extra in r:
                     entry[extra] = r[extra]
             if "answers" in r:
@@ -691,13 +696,23 @@ def markdown(r: dict[str, Any]) -> str:
         "budget-matched: its per-statistic ε is set so that its own odometer charges the "
         "whole query ε = 1, δ = 1e-6 (ε per statistic in the table).",
         "",
-        "**Wall time per query** (median ms; dpproxy and exact on DuckDB from the same run):",
+        "**Wall time per query** (median ms; dpproxy and exact on DuckDB from the same run). "
+        "Bounding: of dpproxy's timed runs on DuckDB / PostgreSQL, how many the backend ran "
+        "unbounded because a check proved no person exceeds the bounds (on PostgreSQL a "
+        "check holds until any transaction writes anywhere on the server):",
         "",
         "| query | exact DuckDB | dpproxy DuckDB | exact PG | dpproxy PG | SmartNoise PG "
         "| SmartNoise pandas | SmartNoise ÷ dpproxy (PG) | dpproxy ÷ exact (DuckDB) "
-        "| dpproxy ÷ exact (PG) | SmartNoise ε per statistic |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| dpproxy ÷ exact (PG) | SmartNoise ε per statistic | runs unbounded |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def unbounded(system: str, name: str) -> str:
+        entry = s.get(system, {}).get(name)
+        if not isinstance(entry, dict) or "unbounded_runs" not in entry:
+            return "—"
+        return f"{entry['unbounded_runs']} of {entry['unbounded_runs'] + entry['bounded_runs']}"
+
     for q in QUERIES:
         def ms(system: str, name: str = q.name) -> float | None:
             entry = s.get(system, {}).get(name)
@@ -710,7 +725,8 @@ def markdown(r: dict[str, Any]) -> str:
         lines.append(
             f"| {q.label} | {_f(ed)} | {_f(dd)} | {_f(ep)} | {_f(dp)} | {_f(sp)} | {_f(sd)} "
             f"| {_ratio(sp, dp)} | {_ratio(dd, ed)} | {_ratio(dp, ep)} "
-            f"| {'—' if eps is None else f'{eps:.3f}'} |")
+            f"| {'—' if eps is None else f'{eps:.3f}'} "
+            f"| {unbounded('dpproxy_duckdb', q.name)} / {unbounded('dpproxy_postgres', q.name)} |")
     lines += [
         "",
         f"**Error** over {s['dpproxy_duckdb'][QUERIES[0].name]['runs']} repetitions at the "

@@ -59,8 +59,15 @@ RANDOM = "__random"
 ROW_ID = "__row_id"
 SELECTION = "units_for_selection"
 BIN_ROWS = "__bin_rows"
+COUNT = "__count"
+GROUP_ORDER = "__group_order"
+PAIRS_CTE = "__pairs"
 _DOUBLE = exp.DataType.build("DOUBLE")
 _BIGINT = exp.DataType.build("BIGINT")
+_UBIGINT = exp.DataType.build("UBIGINT", dialect="duckdb")
+# Most public-key combinations packed under a group's hash (`_group_codes`): 2^20 leaves 44
+# hash bits to order a unit's groups, the code breaking their (astronomically rare) ties
+_MAX_CODES = 1 << 20
 
 
 @dataclass(frozen=True, eq=False)
@@ -492,7 +499,8 @@ def _statement(plan: QueryPlan, dialect: str, bounded: bool) -> Rewritten:
 
 def _samples_rows(plan: QueryPlan, dialect: str) -> bool:
     """Whether bounding must pick rows at random: a SUM needs the kept rows' values (and
-    on PostgreSQL, which has no MIN_BY(…, n), so does a COUNT of an argument)."""
+    on PostgreSQL, which samples the rows before aggregating, so does a COUNT of an
+    argument)."""
     kinds = {m.statistic.kind for m in plan.measurements}
     if dialect == "duckdb":
         return "sum" in kinds
@@ -510,21 +518,17 @@ def _bounded_pairs(plan: QueryPlan, dialect: str, source: exp.Expression,
     One hash aggregation per (unit, group) instead of a window sort over all rows:
     COUNT(*) keeps LEAST(COUNT(*), max_rows) — which rows are kept does not matter for a
     count; COUNT(v) keeps LEAST(COUNT(v), max_rows); a SUM adds the values of at most
-    `max_rows` rows drawn at random, by `MIN_BY(v, random, max_rows)` on DuckDB (it skips
-    NULL values, which a SUM ignores anyway) and by a ROW_NUMBER window over the rows on
-    PostgreSQL, which has no MIN_BY with a count. Only the pairs (far fewer than rows)
-    are then ranked per unit by a hash salted afresh for each query.
+    `max_rows` rows drawn at random, here by a ROW_NUMBER window over the rows (DuckDB:
+    `_bounded_pairs_duckdb`). Only the pairs (far fewer than rows) are then ranked per
+    unit by a hash salted afresh for each query.
     """
+    if dialect == "duckdb":
+        return _bounded_pairs_duckdb(plan, source, key_refs, value_names)
     bound = plan.contribution
     limit = exp.Literal.number(bound.max_rows)
-
-    def at_most_limit(count: exp.Expression) -> exp.Expression:
-        # a count is never NULL: a plain LEAST, not sqlglot's NULL-guarded form
-        return exp.Least(this=count, expressions=[limit.copy()], ignore_nulls=True)
-
     unit_ref = exp.column(UNIT)
     sample = _samples_rows(plan, dialect)
-    if sample and dialect != "duckdb":
+    if sample:
         ranked = exp.select(exp.Star(), exp.alias_(exp.Window(
             this=exp.RowNumber(),
             partition_by=[unit_ref.copy(), *(k.copy() for k in key_refs)],
@@ -534,25 +538,230 @@ def _bounded_pairs(plan: QueryPlan, dialect: str, source: exp.Expression,
             ranked.subquery("ranked_rows", copy=False), copy=False).where(
             exp.LTE(this=exp.column(ROW_RANK), expression=limit.copy()), copy=False) \
             .subquery("kept_rows", copy=False)
+    rows = _at_most(exp.Count(this=exp.Star()), bound.max_rows)
     items: list[exp.Expression] = [exp.alias_(unit_ref.copy(), UNIT),
                                    *(exp.alias_(k.copy(), k.name) for k in key_refs),
-                                   exp.alias_(at_most_limit(exp.Count(this=exp.Star())), ROWS)]
+                                   exp.alias_(rows, ROWS)]
     for measurement, name in zip(plan.measurements, value_names, strict=True):
         if name is None or any(name == i.alias for i in items):
             continue
         value = exp.column(name)
-        if measurement.statistic.kind != "sum":
-            kept: exp.Expression = at_most_limit(exp.Count(this=value))
-        elif dialect == "duckdb":
-            kept = exp.Anonymous(this="LIST_SUM", expressions=[exp.ArgMin(
-                this=value, expression=exp.column(RANDOM), count=limit.copy())])
-        else:
-            kept = exp.Sum(this=value)  # the rows were sampled above
+        kept = exp.Sum(this=value) if measurement.statistic.kind == "sum" \
+            else _at_most(exp.Count(this=value), bound.max_rows)  # rows sampled above
         items.append(exp.alias_(kept, name))
     pairs = exp.select(*items, copy=False).from_(source, copy=False).group_by(
         unit_ref.copy(), *(k.copy() for k in key_refs), copy=False)
     if not key_refs:
         return pairs.subquery("pairs", copy=False)
+    return _ranked_pairs(dialect, pairs.subquery("pairs", copy=False), key_refs)
+
+
+def _bounded_pairs_duckdb(plan: QueryPlan, source: exp.Expression,
+                          key_refs: Sequence[exp.Expression], value_names: Sequence[str | None]
+                          ) -> exp.Expression:
+    """`_bounded_pairs` on DuckDB, with fixed-size aggregate states only (a list state per
+    pair, as MIN_BY(v, random, n) keeps, costs several times a plain aggregation):
+
+    * with max_groups = 1 and public values for every key, each unit's group is chosen
+      before anything is aggregated per group: the least salted hash of (unit, group code)
+      per unit (`_group_codes`; the code in the low bits makes it exact), then a join keeps
+      the rows of that group, aggregated per unit alone (a cheap integer grouping) instead
+      of per (unit, group) pair and a window over the pairs;
+    * a SUM adds all the values of a pair with at most `max_rows` rows; only the pairs with
+      more (over the whole table, few) draw `max_rows` rows at random, by a ROW_NUMBER
+      window over their rows alone, found again by a join with those pairs.
+    """
+    bound = plan.contribution
+    limit = bound.max_rows
+    keys = plan.analysis.keys
+    codes = _group_codes(plan, key_refs) if key_refs and bound.max_groups == 1 else None
+    rows = source
+    if codes is not None:
+        rows = _rows_of_chosen_group(source, codes)
+    sums = [n for m, n in zip(plan.measurements, value_names, strict=True)
+            if n is not None and m.statistic.kind == "sum"]
+    counts = [n for m, n in zip(plan.measurements, value_names, strict=True)
+              if n is not None and m.statistic.kind != "sum" and n not in sums]
+    sums = list(dict.fromkeys(sums))
+    counts = list(dict.fromkeys(counts))
+    unit = exp.column(UNIT)
+    items: list[exp.Expression] = [exp.alias_(unit.copy(), UNIT)]
+    if codes is None:
+        group_keys = [unit, *key_refs]
+        items += [exp.alias_(k.copy(), k.name) for k in key_refs]
+    else:
+        # per unit alone when its one group was chosen first: a grouping on the unit only
+        # (cheap), the group's code taken from the least order (a string aggregate per row,
+        # as ANY_VALUE(key), would cost more than the grouping)
+        group_keys = [unit]
+        items.append(exp.alias_(exp.Min(this=exp.column(GROUP_ORDER)), GROUP_ORDER))
+    star = exp.Count(this=exp.Star())
+    # with sums, the uncapped count tells the pairs that need rows drawn at random
+    items.append(exp.alias_(star, COUNT) if sums else
+                 exp.alias_(_at_most(star, limit), ROWS))
+    items += [exp.alias_(exp.Sum(this=exp.column(n)), n) for n in sums]
+    items += [exp.alias_(_at_most(exp.Count(this=exp.column(n)), limit), n) for n in counts]
+    pairs: exp.Expression = exp.select(*items, copy=False).from_(rows, copy=False).group_by(
+        *(k.copy() for k in group_keys), copy=False)
+    if codes is not None:
+        decoded = [exp.alias_(k, r.name) for k, r in zip(_decoded_keys(plan, codes[1]),
+                                                         key_refs, strict=True)]
+        rest = [exp.column(i.alias) for i in items[2:]]
+        pairs = exp.select(exp.column(UNIT), *decoded, *rest, copy=False).from_(
+            pairs.subquery("per_unit", copy=False), copy=False)
+    if sums:
+        pairs = _sampled_sums(pairs, source, key_refs, sums, counts, limit)
+    pairs = pairs.subquery("pairs", copy=False)
+    if not keys:
+        return pairs
+    if codes is not None:
+        # one group per unit already: every pair ranks first
+        return exp.select(exp.Star(), exp.alias_(exp.Literal.number(1), GROUP_RANK),
+                          copy=False).from_(pairs, copy=False).subquery("ranked", copy=False)
+    return _ranked_pairs("duckdb", pairs, key_refs)
+
+
+def _group_codes(plan: QueryPlan, key_refs: Sequence[exp.Expression]
+                 ) -> tuple[exp.Expression, int] | None:
+    """Each filtered row's group as an integer 1…n (n = the product of the keys' public
+    value counts) and its bit width, when every key has public values and n ≤ 2^20 — the
+    rows of other keys were filtered out before bounding, so every row has a code."""
+    keys = plan.analysis.keys
+    if not keys or any(not k.values for k in keys):
+        return None
+    total = 1
+    for key in keys:
+        total *= len(key.values or ())
+    if total >= _MAX_CODES:
+        return None
+    # a mixed-radix number: the first key's 1-based position, plus (position - 1) × the
+    # product of the value counts before it for every other key
+    code: exp.Expression | None = None
+    stride = 1
+    for key, ref in zip(keys, key_refs, strict=True):
+        values = exp.Array(expressions=[_key_literal(v, key.column) for v in key.values or ()])
+        position: exp.Expression = exp.Anonymous(this="LIST_POSITION",
+                                                 expressions=[values, ref.copy()])
+        if code is None:
+            code = position
+        else:
+            offset = exp.Sub(this=position, expression=exp.Literal.number(1))
+            code = exp.Add(this=code, expression=exp.Mul(
+                this=exp.Paren(this=offset), expression=exp.Literal.number(stride)))
+        stride *= len(key.values or ())
+    assert code is not None
+    return code, total.bit_length()
+
+
+def _decoded_keys(plan: QueryPlan, bits: int) -> list[exp.Expression]:
+    """Each key's public value from the code in the low `bits` of `__group_order`."""
+    mask = exp.Literal.number((1 << bits) - 1)
+    code = exp.cast(exp.BitwiseAnd(this=exp.column(GROUP_ORDER), expression=mask), _BIGINT)
+    decoded: list[exp.Expression] = []
+    stride = 1
+    for key in plan.analysis.keys:
+        values = key.values or ()
+        # the inverse of `_group_codes`: ((code - 1) // stride) % n, 1-based
+        digit = exp.Sub(this=code.copy(), expression=exp.Literal.number(1))
+        if stride > 1:
+            digit = exp.IntDiv(this=exp.Paren(this=digit), expression=exp.Literal.number(stride))
+        index = exp.Add(this=exp.Mod(this=exp.Paren(this=digit),
+                                     expression=exp.Literal.number(len(values))),
+                        expression=exp.Literal.number(1))
+        decoded.append(exp.Anonymous(this="LIST_EXTRACT", expressions=[
+            exp.Array(expressions=[_key_literal(v, key.column) for v in values]), index]))
+        stride *= len(values)
+    return decoded
+
+
+def _rows_of_chosen_group(source: exp.Expression, codes: tuple[exp.Expression, int]
+                          ) -> exp.Expression:
+    """The filtered rows of each unit's one group chosen at random (max_groups = 1): the
+    group whose salted hash of (unit, code) is least, the code filling the hash's low bits
+    so that two groups never tie."""
+    code, bits = codes
+    width = exp.Literal.number(bits)
+    salted = exp.Anonymous(this="HASH", expressions=[
+        exp.column(UNIT), code.copy(), exp.Parameter(this=exp.Literal.number(1))])
+    order = exp.BitwiseOr(
+        this=exp.BitwiseLeftShift(this=exp.BitwiseRightShift(this=salted, expression=width),
+                                  expression=width.copy()),
+        expression=exp.cast(code, _UBIGINT))
+
+    def ordered(alias: str) -> exp.Expression:
+        return exp.select(exp.Star(), exp.alias_(order.copy(), GROUP_ORDER), copy=False) \
+            .from_(source.copy(), copy=False).subquery(alias, copy=False)
+
+    choice = exp.select(exp.alias_(exp.column(UNIT), UNIT),
+                        exp.alias_(exp.Min(this=exp.column(GROUP_ORDER)), GROUP_ORDER),
+                        copy=False).from_(ordered("ordered"), copy=False) \
+        .group_by(exp.column(UNIT), copy=False).subquery("choice", copy=False)
+    on = exp.and_(*(exp.EQ(this=exp.column(c, table="rows"), expression=exp.column(
+        c, table="choice")) for c in (UNIT, GROUP_ORDER)), copy=False)
+    return exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier("rows")),
+                      copy=False).from_(
+        ordered("rows"), copy=False).join(choice, on=on, copy=False) \
+        .subquery("chosen", copy=False)
+
+
+def _sampled_sums(pairs: exp.Select, source: exp.Expression,
+                  key_refs: Sequence[exp.Expression], sums: Sequence[str],
+                  counts: Sequence[str], limit: int) -> exp.Expression:
+    """The pairs with their sums bounded: a pair of at most `limit` rows keeps its SUM;
+    a pair with more adds `limit` of its rows drawn at random (ROW_NUMBER over RANDOM)."""
+    names = [k.name for k in key_refs]
+    cte = exp.to_identifier(PAIRS_CTE)
+    within = exp.select(
+        exp.column(UNIT), *(exp.column(n) for n in names),
+        exp.alias_(_at_most(exp.column(COUNT), limit), ROWS),
+        *(exp.column(n) for n in [*sums, *counts]), copy=False).from_(
+        exp.Table(this=cte.copy()), copy=False).where(
+        exp.LTE(this=exp.column(COUNT), expression=exp.Literal.number(limit)), copy=False)
+    over = exp.select(exp.Star(), copy=False).from_(exp.Table(this=cte.copy()), copy=False) \
+        .where(exp.GT(this=exp.column(COUNT), expression=exp.Literal.number(limit)),
+               copy=False).subquery("p", copy=False)
+    # the rows of those pairs (a NULL key is a group of its own, as in GROUP BY)
+    on = exp.and_(
+        exp.EQ(this=exp.column(UNIT, table="f"), expression=exp.column(UNIT, table="p")),
+        *(exp.NullSafeEQ(this=exp.column(n, table="f"), expression=exp.column(n, table="p"))
+          for n in names), copy=False)
+    rank = exp.Window(this=exp.RowNumber(), partition_by=[
+        exp.column(UNIT, table="p"), *(exp.column(n, table="p") for n in names)],
+        order=exp.Order(expressions=[exp.Ordered(this=exp.column(RANDOM, table="f"))]))
+    drawn = exp.select(
+        *(exp.column(c, table="p") for c in [UNIT, *names, *counts]),
+        *(exp.column(n, table="f") for n in sums), exp.alias_(rank, ROW_RANK), copy=False) \
+        .from_(_aliased(source, "f"), copy=False).join(over, on=on, copy=False) \
+        .subquery("drawn", copy=False)
+    kept = exp.LTE(this=exp.column(ROW_RANK), expression=exp.Literal.number(limit))
+    sampled = exp.select(
+        exp.column(UNIT), *(exp.column(n) for n in names),
+        exp.alias_(exp.Literal.number(limit), ROWS),
+        *(exp.alias_(exp.Filter(this=exp.Sum(this=exp.column(n)),
+                                expression=exp.Where(this=kept.copy())), n) for n in sums),
+        *(exp.column(n) for n in counts), copy=False).from_(drawn, copy=False).group_by(
+        exp.column(UNIT), *(exp.column(n) for n in [*names, *counts]), copy=False)
+    union = exp.union(within, sampled, distinct=False, copy=False)
+    # materialized: both branches read the pairs, aggregated once
+    return union.with_(PAIRS_CTE, as_=pairs, materialized=True, copy=False)
+
+
+def _aliased(source: exp.Expression, alias: str) -> exp.Expression:
+    """A copy of the filtered-rows subquery under another alias."""
+    copy = source.copy()
+    copy.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
+    return copy
+
+
+def _at_most(count: exp.Expression, limit: int) -> exp.Expression:
+    # a count is never NULL: a plain LEAST, not sqlglot's NULL-guarded form
+    return exp.Least(this=count, expressions=[exp.Literal.number(limit)], ignore_nulls=True)
+
+
+def _ranked_pairs(dialect: str, pairs: exp.Expression, key_refs: Sequence[exp.Expression]
+                  ) -> exp.Expression:
+    """One row per (unit, group) pair, ranked per unit (`__group_rank`) in random order."""
+    unit_ref = exp.column(UNIT)
     # each pair is one distinct group of its unit: a ROW_NUMBER by salted hash picks
     # `max_groups` of them at random (the keys break astronomically unlikely hash ties)
     rank = exp.Window(
@@ -562,7 +771,7 @@ def _bounded_pairs(plan: QueryPlan, dialect: str, source: exp.Expression,
                                                    *(k.copy() for k in key_refs)])),
             *(exp.Ordered(this=k.copy()) for k in key_refs)]))
     return exp.select(exp.Star(), exp.alias_(rank, GROUP_RANK), copy=False).from_(
-        pairs.subquery("pairs", copy=False), copy=False).subquery("ranked", copy=False)
+        pairs, copy=False).subquery("ranked", copy=False)
 
 
 def _ranked_rows(plan: QueryPlan, dialect: str, source: exp.Expression,

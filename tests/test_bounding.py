@@ -1,9 +1,11 @@
 """Contribution bounding by per-(unit, group) aggregation, on real DuckDB and PostgreSQL.
 
 `rewrite._bounded_pairs` replaces the window sort over all rows by one hash aggregation
-per (unit, group) pair: LEAST(COUNT(*), max_rows) for counts, MIN_BY(v, random,
-max_rows) (DuckDB) or a ROW_NUMBER over the rows (PostgreSQL) for sums, and a salted-hash
-ROW_NUMBER over the pairs for the groups-per-unit bound. These tests read the exact,
+per (unit, group) pair: LEAST(COUNT(*), max_rows) for counts; for sums, on DuckDB a plain
+SUM for pairs of at most max_rows rows and a ROW_NUMBER draw only over the rows of larger
+pairs, on PostgreSQL a ROW_NUMBER over the rows; and a salted-hash choice of each unit's
+groups (tests/test_bounding_duckdb.py covers DuckDB's per-unit path for max_groups = 1).
+These tests read the exact,
 pre-noise statistics through `rewrite()` + `backend.run_aggregate()` and check:
 
 * on hand-built data where every unit exceeds the bounds, the bounded statistics equal

@@ -883,8 +883,10 @@ def _generate(outer: exp.Expression, plan: QueryPlan, dialect: str, salted: bool
     expected = slot_count(plan)
     slots = [n for n in outer.find_all(exp.Literal) if slot_index(n) is not None] \
         if expected else []
-    if len(slots) != expected:  # every WHERE literal reaches the statement: never here
-        raise ValueError(f"the statement holds {len(slots)} of its {expected} slots")
+    # every WHERE literal reaches the statement (some twice, where the filter is read
+    # twice: each occurrence is the same parameter); a missing one would be a bug
+    if {slot_index(n) for n in slots} != set(range(expected)):
+        raise ValueError(f"the statement does not hold each of its {expected} slots")
     if slots:
         if dialect == "duckdb":  # `?` and `$n` do not mix: the salt is `$1` here
             for placeholder in list(outer.find_all(exp.Placeholder)):
@@ -896,4 +898,4 @@ def _generate(outer: exp.Expression, plan: QueryPlan, dialect: str, salted: bool
                                   parameter_type(slot.this, dialect)))
     # The tree was built for this call alone: the generator may transform it in place
     # (copy=False spares a deep copy of the whole statement, a tenth of a query's CPU).
-    return outer.sql(dialect=dialect, copy=False), len(slots)
+    return outer.sql(dialect=dialect, copy=False), expected

@@ -519,7 +519,7 @@ def _bounded_pairs(plan: QueryPlan, dialect: str, source: exp.Expression,
     COUNT(*) keeps LEAST(COUNT(*), max_rows) — which rows are kept does not matter for a
     count; COUNT(v) keeps LEAST(COUNT(v), max_rows); a SUM adds the values of at most
     `max_rows` rows drawn at random, here by a ROW_NUMBER window over the rows (DuckDB:
-    `_bounded_pairs_duckdb`). Only the pairs (far fewer than rows) are then ranked per
+    MIN_BY over the rows of the pairs over the bound, `_bounded_pairs_duckdb`). Only the pairs (far fewer than rows) are then ranked per
     unit by a hash salted afresh for each query.
     """
     if dialect == "duckdb":
@@ -559,8 +559,9 @@ def _bounded_pairs(plan: QueryPlan, dialect: str, source: exp.Expression,
 def _bounded_pairs_duckdb(plan: QueryPlan, source: exp.Expression,
                           key_refs: Sequence[exp.Expression], value_names: Sequence[str | None]
                           ) -> exp.Expression:
-    """`_bounded_pairs` on DuckDB, with fixed-size aggregate states only (a list state per
-    pair, as MIN_BY(v, random, n) keeps, costs several times a plain aggregation):
+    """`_bounded_pairs` on DuckDB, with fixed-size aggregate states for all but the pairs
+    over the row bound (a list state per pair, as MIN_BY(v, random, n) keeps, costs
+    several times a plain aggregation):
 
     * with max_groups = 1 and public values for every key, each unit's group is chosen
       before anything is aggregated per group: the least salted hash of (unit, group code)
@@ -568,8 +569,8 @@ def _bounded_pairs_duckdb(plan: QueryPlan, source: exp.Expression,
       the rows of that group, aggregated per unit alone (a cheap integer grouping) instead
       of per (unit, group) pair and a window over the pairs;
     * a SUM adds all the values of a pair with at most `max_rows` rows; only the pairs with
-      more (over the whole table, few) draw `max_rows` rows at random, by a ROW_NUMBER
-      window over their rows alone, found again by a join with those pairs.
+      more draw `max_rows` rows at random, by MIN_BY(v, random, max_rows) over their rows
+      alone, found again by a join with those pairs.
     """
     bound = plan.contribution
     limit = bound.max_rows
@@ -708,7 +709,7 @@ def _sampled_sums(pairs: exp.Select, source: exp.Expression,
                   key_refs: Sequence[exp.Expression], sums: Sequence[str],
                   counts: Sequence[str], limit: int) -> exp.Expression:
     """The pairs with their sums bounded: a pair of at most `limit` rows keeps its SUM;
-    a pair with more adds `limit` of its rows drawn at random (ROW_NUMBER over RANDOM)."""
+    a pair with more adds `limit` of its rows drawn at random (the `limit` least RANDOM)."""
     names = [k.name for k in key_refs]
     cte = exp.to_identifier(PAIRS_CTE)
     within = exp.select(
@@ -725,22 +726,18 @@ def _sampled_sums(pairs: exp.Select, source: exp.Expression,
         exp.EQ(this=exp.column(UNIT, table="f"), expression=exp.column(UNIT, table="p")),
         *(exp.NullSafeEQ(this=exp.column(n, table="f"), expression=exp.column(n, table="p"))
           for n in names), copy=False)
-    rank = exp.Window(this=exp.RowNumber(), partition_by=[
-        exp.column(UNIT, table="p"), *(exp.column(n, table="p") for n in names)],
-        order=exp.Order(expressions=[exp.Ordered(this=exp.column(RANDOM, table="f"))]))
-    drawn = exp.select(
-        *(exp.column(c, table="p") for c in [UNIT, *names, *counts]),
-        *(exp.column(n, table="f") for n in sums), exp.alias_(rank, ROW_RANK), copy=False) \
-        .from_(_aliased(source, "f"), copy=False).join(over, on=on, copy=False) \
-        .subquery("drawn", copy=False)
-    kept = exp.LTE(this=exp.column(ROW_RANK), expression=exp.Literal.number(limit))
+    # the values of `limit` rows drawn at random: a list state per pair, but only for the
+    # pairs over the limit (a ROW_NUMBER window over their rows costs more where most are)
+    drawn = [exp.alias_(exp.Anonymous(this="LIST_SUM", expressions=[exp.ArgMin(
+        this=exp.column(n, table="f"), expression=exp.column(RANDOM, table="f"),
+        count=exp.Literal.number(limit))]), n) for n in sums]
+    pair_columns = [exp.column(c, table="p") for c in [UNIT, *names, *counts]]
     sampled = exp.select(
-        exp.column(UNIT), *(exp.column(n) for n in names),
-        exp.alias_(exp.Literal.number(limit), ROWS),
-        *(exp.alias_(exp.Filter(this=exp.Sum(this=exp.column(n)),
-                                expression=exp.Where(this=kept.copy())), n) for n in sums),
-        *(exp.column(n) for n in counts), copy=False).from_(drawn, copy=False).group_by(
-        exp.column(UNIT), *(exp.column(n) for n in [*names, *counts]), copy=False)
+        *(exp.alias_(c, c.name) for c in pair_columns[:1 + len(names)]),
+        exp.alias_(exp.Literal.number(limit), ROWS), *drawn,
+        *(exp.alias_(c, c.name) for c in pair_columns[1 + len(names):]), copy=False) \
+        .from_(_aliased(source, "f"), copy=False).join(over, on=on, copy=False).group_by(
+        *(c.copy() for c in pair_columns), copy=False)
     union = exp.union(within, sampled, distinct=False, copy=False)
     # materialized: both branches read the pairs, aggregated once
     return union.with_(PAIRS_CTE, as_=pairs, materialized=True, copy=False)

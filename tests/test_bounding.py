@@ -2,8 +2,8 @@
 
 `rewrite._bounded_pairs` replaces the window sort over all rows by one hash aggregation
 per (unit, group) pair: LEAST(COUNT(*), max_rows) for counts; for sums, on DuckDB a plain
-SUM for pairs of at most max_rows rows and a ROW_NUMBER draw only over the rows of larger
-pairs, on PostgreSQL a ROW_NUMBER over the rows; and a salted-hash choice of each unit's
+SUM for pairs of at most max_rows rows and a MIN_BY(v, random, n) draw only over the rows
+of larger pairs, on PostgreSQL a ROW_NUMBER over the rows; and a salted-hash choice of each unit's
 groups (tests/test_bounding_duckdb.py covers DuckDB's per-unit path for max_groups = 1).
 These tests read the exact,
 pre-noise statistics through `rewrite()` + `backend.run_aggregate()` and check:

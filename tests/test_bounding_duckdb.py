@@ -3,7 +3,7 @@
 On DuckDB, bounding keeps fixed-size aggregate states only: with max_groups = 1 and public
 keys, each unit's group is the least salted hash of (unit, group code), chosen before any
 per-group aggregation; a SUM adds every value of a pair with at most max_rows rows and
-draws max_rows rows at random (ROW_NUMBER over RANDOM) only for the pairs with more.
+draws max_rows rows at random (MIN_BY over RANDOM) only for the pairs with more.
 These tests read the exact, pre-noise statistics through `rewrite()` +
 `backend.run_aggregate()` and check:
 

@@ -33,3 +33,23 @@ def exact_rows(backend: Any, plan: QueryPlan, verify_bounds: bool = False
     k = len(rewritten.key_columns)
     width = k + len(rewritten.measurement_columns)
     return {tuple(r[:k]): tuple(float(v) for v in r[k:width]) for r in rows}
+
+
+def assert_within_bounds(plan: QueryPlan, got: dict[tuple[Any, ...], tuple[float, ...]],
+                         without: dict[tuple[Any, ...], tuple[float, ...]], max_rows: int,
+                         max_groups: int) -> list[dict[tuple[Any, ...], float]]:
+    """`got` − `without` is one unit's bounded contribution: per measurement, its absolute
+    sum over groups is at most the plan's L1 sensitivity, it touches at most `max_groups`
+    groups, and a count moves each by 0 to `max_rows`. Returns the changes, per
+    measurement, for further checks."""
+    assert set(without) <= set(got)
+    changes = []
+    for index, measurement in enumerate(plan.measurements):
+        change = {key: got[key][index] - without.get(key, (0.0,) * len(got[key]))[index]
+                  for key in got}
+        assert sum(abs(c) for c in change.values()) <= measurement.sensitivity + 1e-6
+        assert sum(1 for c in change.values() if c) <= max_groups
+        if measurement.statistic.kind == "count":
+            assert all(0 <= c <= max_rows for c in change.values())
+        changes.append(change)
+    return changes

@@ -519,8 +519,9 @@ def _bounded_pairs(plan: QueryPlan, dialect: str, source: exp.Expression,
     COUNT(*) keeps LEAST(COUNT(*), max_rows) — which rows are kept does not matter for a
     count; COUNT(v) keeps LEAST(COUNT(v), max_rows); a SUM adds the values of at most
     `max_rows` rows drawn at random, here by a ROW_NUMBER window over the rows (DuckDB:
-    MIN_BY over the rows of the pairs over the bound, `_bounded_pairs_duckdb`). Only the pairs (far fewer than rows) are then ranked per
-    unit by a hash salted afresh for each query.
+    MIN_BY over the rows of the pairs over the bound, `_bounded_pairs_duckdb`). Only the
+    pairs (far fewer than rows) are then ranked per unit by a hash salted afresh for each
+    query.
     """
     if dialect == "duckdb":
         return _bounded_pairs_duckdb(plan, source, key_refs, value_names)

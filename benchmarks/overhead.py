@@ -161,8 +161,9 @@ def median_ms(fn: Callable[[], object], repeat: int) -> float:
 def proxy_overhead(policy_path: Path, repeat: int) -> dict[str, dict[str, float]]:
     """parse → analyze → plan → rewrite → release, with exact rows precomputed.
 
-    "cold" rewrites every time; "cached" takes the rewrite from the engine's cache of
-    normalized queries, as a repeated query shape does in a running proxy.
+    "cold" rewrites every time, generating the bounded statement's SQL; "cached" takes
+    the rewrite from the engine's cache of normalized queries, as a repeated query shape
+    does in a running proxy.
     """
     policy = load_policy(policy_path)
     analyst = policy.analysts["bench"]
@@ -178,7 +179,8 @@ def proxy_overhead(policy_path: Path, repeat: int) -> dict[str, dict[str, float]
         def pipeline(sql: str = sql, rows: list = rows, cached: bool = False) -> None:  # type: ignore[type-arg]
             st = parse_statements(sql)[0]
             p = plan_query(analyze(st.ast, policy, analyst), session.options)
-            engine.rewritten(p) if cached else rewrite(p)
+            statement = (engine.rewritten(p) if cached else rewrite(p)).sql  # generated on use
+            assert statement
             release(p, rows)
 
         for _ in range(20):  # warm-up

@@ -256,7 +256,8 @@ def proxy_overhead(policy: Path, queries: Sequence[Query], runs: int
             def pipeline(sql: str = q.sql, rows: Any = rows, cached: bool = False) -> None:
                 p = plan_query(analyze(parse_statements(sql)[0].ast, loaded, analyst),
                                session.options)
-                engine.rewritten(p) if cached else rewrite(p)
+                statement = (engine.rewritten(p) if cached else rewrite(p)).sql  # generated on use
+                assert statement
                 release(p, rows)
 
             for _ in range(20):

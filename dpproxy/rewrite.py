@@ -328,14 +328,21 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     if plan.contribution.privacy_unit is None or analysis.joins or \
             any(m.quantile is not None for m in plan.measurements):
         return _statement(plan, dialect, bounded=True)
-    # bounded by pairs: salted exactly when there is a GROUP BY
-    slots = slot_count(plan)
-    return Rewritten(
-        tuple(f"k{i}" for i in range(len(analysis.keys))),
-        tuple(m.column for m in plan.measurements), bool(analysis.keys),
-        lambda: _statement(plan, dialect, bounded=True).sql,
-        Unbounded(lambda: _statement(plan, dialect, bounded=False).sql,
-                  _check_for(plan, dialect), slots), slots)
+    # bounded by pairs: salted exactly when there is a GROUP BY; unbounded, never
+    keys = tuple(f"k{i}" for i in range(len(analysis.keys)))
+    columns = tuple(m.column for m in plan.measurements)
+    salted, slots = bool(analysis.keys), slot_count(plan)
+
+    def generate(bounded: bool) -> str:
+        statement = _statement(plan, dialect, bounded)
+        # the layout promised before generating must be the one generated
+        assert (statement.key_columns, statement.measurement_columns, statement.salted,
+                statement.slots) == (keys, columns, bounded and salted, slots)
+        return statement.sql
+
+    return Rewritten(keys, columns, salted, lambda: generate(True),
+                     Unbounded(lambda: generate(False), _check_for(plan, dialect), slots),
+                     slots)
 
 
 _checks: OrderedDict[tuple[object, ...], tuple[TablePolicy, BoundCheck]] = OrderedDict()

@@ -10,7 +10,6 @@ functions, operators, literals in places where their value matters) do not.
 from __future__ import annotations
 
 import doctest
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -253,12 +252,6 @@ def test_the_rewrite_binds_each_slot_after_the_salt(engine: Engine) -> None:
 def test_doctests() -> None:
     result = doctest.testmod(shapes)
     assert result.attempted > 0 and result.failed == 0
-
-
-@pytest.fixture
-def engine(demo_policy: Any) -> Iterator[Engine]:
-    with Engine.from_path(demo_policy) as eng:
-        yield eng
 
 
 @pytest.mark.parametrize("sql", [

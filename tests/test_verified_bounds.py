@@ -169,9 +169,19 @@ def test_check_reads_the_most_rows_per_group_and_groups_per_unit(
     assert check.holds(row) == (maxima[0] <= 2 and maxima[1] <= 2)
 
 
-def test_check_on_an_empty_table_holds() -> None:
-    assert BoundCheck("", 1, 1).holds((None, None))
-    assert not BoundCheck("", 1, 1).holds(None)  # a check that could not be read
+def test_check_on_an_empty_table_holds(backend: Backend) -> None:
+    """An empty table (no row matches uid < 0) reads NULL maxima, which hold; a check that
+    could not be read never holds."""
+    check = bound_check("w", exp.column("uid", quoted=True), [], backend.dialect, 1, 1)
+    empty = check.sql.replace('FROM "w"', 'FROM (SELECT * FROM "w" WHERE "uid" < 0) AS "w"')
+    assert empty != check.sql
+    (row,) = backend.run_aggregate(empty)
+    assert tuple(row) == (None, None) and check.holds(row)
+    assert not check.holds(None)
+
+
+def test_check_holds_only_within_both_bounds() -> None:
+    assert BoundCheck("", 5, 1).holds((5, 1))
     assert not BoundCheck("", 5, 1).holds((5, 2))
     assert not BoundCheck("", 5, 1).holds((6, 1))
 

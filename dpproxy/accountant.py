@@ -615,7 +615,8 @@ class Ledger:
         self._lock = threading.RLock()
         self._fast = FAST_COMMITS if fast_commits is None else fast_commits
         self._queue: list[_Pending[Any]] = []  # charges waiting for the next group commit
-        self._queue_lock = threading.Lock()
+        self._batches = threading.Condition()  # guards _queue, _committing and every done
+        self._committing = False  # a thread is committing a batch
         self._pid = os.getpid()
         self._db: Any = None
         db = self._store.connect()
@@ -655,7 +656,13 @@ class Ledger:
             try:
                 yield self._db
             except self._store.errors as e:
-                raise OperationalError(f"privacy ledger {self._path}: {e}") from None
+                raise self._ledger_error(e) from None
+
+    def _ledger_error(self, exc: BaseException) -> BaseException:
+        """A database error as OperationalError naming the ledger; any other as it is."""
+        if isinstance(exc, self._store.errors):
+            return OperationalError(f"privacy ledger {self._path}: {exc}")
+        return exc
 
     @contextmanager
     def _write(self) -> Iterator[Any]:
@@ -679,15 +686,39 @@ class Ledger:
             with self._write() as db:
                 return work(db)
         pending: _Pending[T] = _Pending(work)
-        with self._queue_lock:
+        with self._batches:
             self._queue.append(pending)
-        with self._sql() as db:
-            # Whoever holds the lock commits everything queued; a batch is finished (done)
-            # before the lock is released, so finding ours done here means it committed.
-            if not pending.done:
-                with self._queue_lock:
-                    batch, self._queue = self._queue, []
-                self._commit_batch(db, batch)
+            # One thread commits at a time, everything queued by the time it holds the
+            # connection; a caller whose work another thread committed returns as soon as
+            # that batch is done, without queueing behind later batches for the lock.
+            while self._committing and not pending.done:
+                self._batches.wait()
+            committer = not pending.done
+            if committer:
+                self._committing = True
+        if committer:
+            batch: list[_Pending[Any]] = []
+            try:
+                with self._sql() as db:
+                    # taken once the connection is ours: what queued meanwhile joins in
+                    with self._batches:
+                        batch, self._queue = self._queue, []
+                    self._commit_batch(db, batch)
+            except BaseException as exc:
+                # no connection (a closed ledger, a failed reconnect): no queued work ran,
+                # and every caller is told so rather than left without a result
+                with self._batches:
+                    if not batch:
+                        batch, self._queue = self._queue, []
+                for queued in batch:
+                    if not queued.done:
+                        queued.error, queued.done = self._ledger_error(exc), True
+                if not isinstance(exc, Exception):
+                    raise
+            finally:
+                with self._batches:
+                    self._committing = False
+                    self._batches.notify_all()
         if pending.error is not None:
             raise pending.error
         return pending.result  # type: ignore[return-value]
@@ -700,15 +731,13 @@ class Ledger:
                 try:
                     pending.result = pending.work(db)
                 except Exception as exc:  # this charge's own failure: undo it alone
-                    pending.error = (OperationalError(f"privacy ledger {self._path}: {exc}")
-                                     if isinstance(exc, self._store.errors) else exc)
+                    pending.error = self._ledger_error(exc)
                     db.execute("ROLLBACK TO SAVEPOINT dpproxy_charge")
                 db.execute("RELEASE SAVEPOINT dpproxy_charge")
             db.execute("COMMIT")
         except BaseException as exc:
             # Nothing of the batch is written: every caller gets an error, none a charge.
-            failure = (OperationalError(f"privacy ledger {self._path}: {exc}")
-                       if isinstance(exc, self._store.errors) else exc)
+            failure = self._ledger_error(exc)
             for pending in batch:
                 if pending.error is None:
                     pending.error, pending.result = failure, None

@@ -304,7 +304,9 @@ def measure_ab(folder: Path, clients: int, seconds: float, into: list[dict[str, 
                      "p99_ms_rounds": [r["p99_ms"] for r in both],
                      "server_cpu_ms_per_query": round(
                          statistics.mean(r["server_cpu_ms_per_query"] for r in both), 2),
-                     "failures": sum(r["failures"] for r in both)})
+                     "failures": sum(r["failures"] for r in both),
+                     "first_failure": next((r["first_failure"] for r in both
+                                            if r["first_failure"]), None)})
 
 
 class _LocalConnection:

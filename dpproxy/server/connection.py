@@ -294,14 +294,13 @@ class ClientConnection:
                 FatalError("57014", "canceling authentication due to timeout"))
         except (FatalError, ProtocolViolation) as exc:
             await self._fatal(exc)
-        except asyncio.CancelledError:
-            # Server shutdown: tell the client why, as PostgreSQL does.
-            await self._fatal(FatalError("57P01", "terminating connection due to "
-                                         "administrator command"))
-        except QueryCanceled:
-            # Only the session's setup lets this through: a shutdown stopped it.
-            await self._fatal(FatalError("57P01", "terminating connection due to "
-                                         "administrator command"))
+        except (asyncio.CancelledError, QueryCanceled) as exc:
+            if isinstance(exc, QueryCanceled) and not self.stopping:
+                # only the session's setup lets this through: its statement timeout
+                await self._fatal(FatalError(exc.sqlstate, exc.message))
+            else:  # server shutdown: tell the client why, as PostgreSQL does
+                await self._fatal(FatalError("57P01", "terminating connection due to "
+                                             "administrator command"))
         except Exception:
             log.exception("connection %s: internal error", self.peer)
             await self._fatal(FatalError("XX000", "internal error"))

@@ -934,7 +934,9 @@ class Ledger:
         answer, at = row
         if answer is not None or time.time() - at < STALE_CLAIM_S:
             raise AnswerAvailable(answer)
-        # abandoned: its process died before storing, so that answer was never released
+        # abandoned: its process died before storing the answer (or an OS crash lost
+        # the stored answer, written without its own fsync): charging a repeat again is
+        # safe, since the claim was committed with the first charge
 
     def lookup_answer(self, analyst: str, key: str) -> CachedAnswer | None:
         """The stored (or claimed, answer None) answer for the analyst's cache key."""

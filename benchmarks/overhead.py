@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dpproxy.analyze import analyze  # noqa: E402
-from dpproxy.parse import parse_statements  # noqa: E402
+from dpproxy.parse import clear_parse_cache, parse_statements  # noqa: E402
 from dpproxy.plan import plan_query  # noqa: E402
 from dpproxy.policy import load_policy  # noqa: E402
 from dpproxy.release import release  # noqa: E402
@@ -177,6 +177,8 @@ def proxy_overhead(policy_path: Path, repeat: int) -> dict[str, dict[str, float]
         rows = engine.backend.run_aggregate(rewritten.sql, rewritten.parameters())
 
         def pipeline(sql: str = sql, rows: list = rows, cached: bool = False) -> None:  # type: ignore[type-arg]
+            if not cached:  # a new text: not served by the parse cache
+                clear_parse_cache()
             st = parse_statements(sql)[0]
             p = plan_query(analyze(st.ast, policy, analyst), session.options)
             statement = (engine.rewritten(p) if cached else rewrite(p)).sql  # generated on use

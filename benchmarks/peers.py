@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.overhead import OCCUPATIONS, build_table, quote_in_readme  # noqa: E402
 from dpproxy.analyze import analyze  # noqa: E402
-from dpproxy.parse import parse_statements  # noqa: E402
+from dpproxy.parse import clear_parse_cache, parse_statements  # noqa: E402
 from dpproxy.plan import plan_query  # noqa: E402
 from dpproxy.policy import load_policy  # noqa: E402
 from dpproxy.release import release  # noqa: E402
@@ -254,6 +254,8 @@ def proxy_overhead(policy: Path, queries: Sequence[Query], runs: int
             rows = engine.backend.run_aggregate(rewritten.sql, rewritten.parameters())
 
             def pipeline(sql: str = q.sql, rows: Any = rows, cached: bool = False) -> None:
+                if not cached:  # a new text: not served by the parse cache
+                    clear_parse_cache()
                 p = plan_query(analyze(parse_statements(sql)[0].ast, loaded, analyst),
                                session.options)
                 statement = (engine.rewritten(p) if cached else rewrite(p)).sql  # generated on use

@@ -192,7 +192,8 @@ def _distances(histogram: Sequence[int], quantile: Fraction) -> np.ndarray:
         scaled = max(below * den - target, target - above * den, 0)
         result.append(-(-scaled // den))
         below = above
-    return np.asarray(result, dtype=object)
+    # each distance is at most n rows, so int64 holds it: the float fast path stays on
+    return np.asarray(result, dtype=np.int64)
 
 
 def decode_histogram(pairs: Iterable[Sequence[object]] | None, bins: int) -> tuple[int, ...]:

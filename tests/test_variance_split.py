@@ -211,6 +211,9 @@ SPLIT_HINT = ("one positive weight per aggregate",)
 
 REJECTED = [
     # VAR/STDDEV arguments
+    Rejected("var_pop_squares_beyond_limit",
+             "SELECT VAR_POP(capital_gain * 100000000) FROM adult", "0A000",
+             ("squared deviations",), ("range at most",)),
     Rejected("var_pop_unbounded", "SELECT VAR_POP(capital_gain / (age - 40)) FROM adult",
              "42501", ("no bound",), ("VAR_POP(LEAST(GREATEST(capital_gain / (age - 40)",)),
     Rejected("stddev_unbounded_length", "SELECT STDDEV_POP(LENGTH(occupation)) FROM adult",

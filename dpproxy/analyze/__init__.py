@@ -631,6 +631,16 @@ def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolve
                             f"{arg_type.upper:g}], exceed ±{MAX_VALUE_BOUND:g}; the noise "
                             "would be as large and sums would lose exactness",
                             hint=_clamp_hint(name, arg, ExprType("num")))
+                    half_range = (arg_type.upper - arg_type.lower) / 2
+                    if rule_name in VARIANCE_RULES and half_range ** 2 > MAX_VALUE_BOUND:
+                        # the centred sum of squares is a statistic of its own, with bounds
+                        # [0, half_range²]: the same limit holds for it
+                        raise NotSupportedError(
+                            f"{key}: the squared deviations of {arg.sql('postgres')} reach "
+                            f"{half_range ** 2:g}, beyond ±{MAX_VALUE_BOUND:g}; the noise "
+                            "would be as large and sums would lose exactness",
+                            hint=f"clamp {arg.sql('postgres')} to a range at most "
+                                 f"{2 * MAX_VALUE_BOUND ** 0.5:.4g} wide")
                     bounds = (arg_type.lower, arg_type.upper)
             indexes = []
             for statistic in (local[1] if local else rule.statistics(arg, arg_type)):

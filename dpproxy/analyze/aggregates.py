@@ -169,7 +169,7 @@ def _no_interval(values: Values, half: Values, stats: Stats) -> Interval:
     return (-INF, INF)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=256)  # p is the analyst's: keep only recent ones
 def quantile_rule(quantile: Fraction) -> AggregateRule:
     """MEDIAN, PERCENTILE_CONT(p), MIN (p = 0), MAX (p = 1): the exponential mechanism over
     a histogram of the clamped argument (`dpproxy.quantiles`). MIN and MAX are the DP

@@ -41,12 +41,13 @@ def test_query_fetch_description_and_accuracy(make_policy: PolicyFactory,
         rest = cur.fetchall()
         assert cur.fetchone() is None
         rows = [first, *rest]
-        # ε = 1000 split in three: Laplace scale 0.003 on counts; |noise| >= 1 has prob ~e^-333
+        # ε = 1000 split in two (AVG(age) divides by COUNT(*): age is never NULL): Laplace
+        # scale 0.002 on counts; |noise| >= 1 has prob ~e^-500
         assert {r[0]: r[1] for r in rows} == exact
         assert cur.accuracy[0] is None
         count_acc = cur.accuracy[1]
         assert count_acc is not None and count_acc.mechanism == "laplace"
-        assert count_acc.half_width is not None and count_acc.epsilon == pytest.approx(1000 / 3)
+        assert count_acc.half_width is not None and count_acc.epsilon == pytest.approx(1000 / 2)
         assert cur.accuracy[2] is not None and cur.accuracy[2].half_width is None
         low, high = cur.intervals[0][2]
         assert low <= rows[0][2] <= high

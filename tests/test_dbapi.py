@@ -337,12 +337,14 @@ def test_accuracy_per_column(connect: Connect) -> None:
     assert isinstance(avg, ColumnAccuracy)
     assert avg.half_width is None  # its interval depends on the row
     assert len(avg.noise_scales) == 2  # a sum and a count
+    # age is never NULL: AVG divides by the COUNT(*) measurement, measured once
+    assert avg.noise_scales[1] == count.noise_scales[0]
     n = accuracy[4]
     assert n is not None and n.name == "n"
     assert (n.aggregate, n.noise_scales, n.epsilon) == (  # the same measurement as `count`
         count.aggregate, count.noise_scales, count.epsilon)
-    total = sum(a.epsilon for a in accuracy[1:4] if a is not None)
-    assert total == pytest.approx(1.0)  # count, sum, avg: the query's ε, n not charged again
+    total = accuracy[2].epsilon + avg.epsilon  # SUM, AVG's sum and count: each statistic once
+    assert total == pytest.approx(1.0)  # the query's ε, COUNT(*) and n not charged again
     assert cur.result is not None and cur.result.cost is not None
     assert cur.result.cost.epsilon == pytest.approx(1.0)
     assert any("laplace" in notice for notice in cur.notices)

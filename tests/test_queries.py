@@ -501,12 +501,13 @@ def test_accuracy_intervals_cover_exact_values(big_engine: Engine,
     n_acc, h_acc, a_acc = result.accuracy[1:]
     assert n_acc is not None and h_acc is not None and a_acc is not None
     assert (n_acc.aggregate, n_acc.mechanism) == ("COUNT(*)", "laplace")
-    # four statistics (AVG needs two) share ε = 1: 0.25 each; Δ(SUM) = 99
-    assert n_acc.noise_scales[0] == pytest.approx(1 / 0.25, rel=1e-9)
-    assert h_acc.noise_scales[0] == pytest.approx(99 / 0.25, rel=1e-9)
+    # three statistics share ε = 1 (AVG(age) divides by COUNT(*): age is never NULL); Δ(SUM)
+    # = 99
+    assert n_acc.noise_scales[0] == pytest.approx(3, rel=1e-9)
+    assert h_acc.noise_scales[0] == pytest.approx(99 * 3, rel=1e-9)
     assert len(a_acc.noise_scales) == 2 and a_acc.half_width is None
     # a Laplace draw exceeds b·ln(1/(1 - c)) with probability about 1 - c
-    assert n_acc.half_width is not None and n_acc.half_width >= 4 * math.log(1e9) - 1
+    assert n_acc.half_width is not None and n_acc.half_width >= 3 * math.log(1e9) - 1
     truth = {r[0]: r[1:] for r in exact(exact_db, "SELECT sex, COUNT(*), SUM(hours_per_week), "
                                                   "AVG(age) FROM adult GROUP BY sex")}
     for row, intervals in zip(result.rows, result.intervals, strict=True):

@@ -217,9 +217,22 @@ def test_several_aggregates_share_epsilon_and_duplicates_are_measured_once(
     plan = plan_of(demo_policy_object, "SELECT COUNT(*), COUNT(*) * 2, SUM(age), AVG(age) "
                    "FROM adult", analyst="alice", epsilon=2.0)
     kinds = [m.statistic.kind for m in plan.measurements]
-    assert kinds == ["count", "sum", "sum", "count"]  # AVG's count is COUNT(age), not (*)
-    assert all(m.noise.epsilon == 0.5 for m in plan.measurements)
+    # age is never NULL: AVG's count is COUNT(*), measured once with the first
+    assert kinds == ["count", "sum", "sum"]
+    assert plan.analysis.aggregates[-1].statistics == (2, 0)
+    assert all(m.noise.epsilon == pytest.approx(2 / 3) for m in plan.measurements)
     assert plan.cost == Cost(2.0, 0.0)
+
+
+def test_a_nullable_argument_keeps_its_own_count(demo_policy_object: Policy) -> None:
+    """COUNT(x) and AVG(x) count the rows where x is not NULL: the same number as COUNT(*)
+    only where x can never be NULL."""
+    plan = plan_of(demo_policy_object, "SELECT COUNT(*), AVG(NULLIF(age, 17)), "
+                   "COUNT(NULLIF(age, 17)), COUNT(age) FROM adult", analyst="alice")
+    described = [m.statistic.describe() for m in plan.measurements]
+    assert described == ["COUNT(*)", "SUM(clamp(NULLIF(age, 17), 17, 90) - 53.5)",
+                         "COUNT(NULLIF(age, 17))"]
+    assert [a.statistics for a in plan.analysis.aggregates] == [(0,), (1, 2), (2,), (0,)]
 
 
 def test_count_distinct_unit_ignores_rows_per_unit(demo_policy_object: Policy) -> None:

@@ -395,7 +395,8 @@ def test_split_moves_scales_not_cost(policy: Policy) -> None:
 
 
 def test_split_even_weights_equal_the_default(policy: Policy) -> None:
-    sql = "SELECT COUNT(*), SUM(hours_per_week), AVG(age) FROM adult"
+    # (NULLIF: an argument that may be NULL, so AVG needs a count of its own)
+    sql = "SELECT COUNT(*), SUM(hours_per_week), AVG(NULLIF(age, 17)) FROM adult"
     even = plan_of(policy, sql)
     # weights 2, 2, 4 give each of the 4 statistics the same share
     weighted = plan_of(policy, sql, split=(2, 2, 4))
@@ -597,7 +598,7 @@ def test_cli_explain_takes_a_split(demo_policy: Path) -> None:
     assert run.returncode == 0, run.stderr
     assert "split by aggregate weights 3,1" in run.stdout
     assert "COUNT(*) from m0: ε=0.75 (75% of the query's)" in run.stdout
-    assert "VAR_SAMP(age) from m1, m2, m3: ε=0.25 (25% of the query's)" in run.stdout
+    assert "VAR_SAMP(age) from m1, m0, m2: ε=0.25 (25% of the query's)" in run.stdout
     bad = run_cli("query", "--policy", demo_policy, "--split", "1",
                   "SELECT COUNT(*), VAR_SAMP(age) FROM adult")
     assert bad.returncode != 0
@@ -627,21 +628,22 @@ def test_explain_shows_split_and_expected_errors(big_engine: Engine) -> None:
     session = big_engine.session("alice", epsilon=1.0)
     sql = "EXPLAIN SELECT COUNT(*), AVG(age), STDDEV_POP(age) FROM adult"
     even = "\n".join(r[0] for r in session.execute(sql).rows)
-    assert "split evenly over 4 noisy statistic(s)" in even
+    assert "split evenly over 3 noisy statistic(s)" in even
     assert "SUM(clamp((age - 53.5) * (age - 53.5), 0, 1332.25))" in even
     assert "L1 sensitivity 1332.25" in even
-    # even split: COUNT 1/4; S1 and n shared by AVG (1/2 each) and STDDEV (1/3 each);
-    # AVG's part 2·(1/4)·(3/5) = 0.3, STDDEV's 0.2 + 0.25
-    assert "COUNT(*) from m0: ε=0.25 (25% of the query's), 95% ± " in even
-    assert "AVG(age) from m1, m2: ε=0.3 (30% of the query's), 95% about ± " in even
-    assert "STDDEV_POP(age) from m1, m2, m3: ε=0.45 (45% of the query's)" in even
+    # even split, 1/3 per statistic (age is never NULL: AVG's and STDDEV's n is COUNT(*));
+    # n is claimed by COUNT (1), AVG (1/2) and STDDEV (1/3), S1 by AVG and STDDEV: COUNT's
+    # part (1/3)·(6/11) = 2/11, AVG's (1/3)·(3/5) + (1/3)·(3/11), STDDEV's the rest
+    assert "COUNT(*) from m0: ε=0.181818 (18% of the query's), 95% ± " in even
+    assert "AVG(age) from m1, m0: ε=0.290909 (29% of the query's), 95% about ± " in even
+    assert "STDDEV_POP(age) from m1, m0, m2: ε=0.527273 (53% of the query's)" in even
     assert "at 1,000 rows" in even and "at 100,000 rows" in even
     session.execute("SET dpproxy.split = '1,1,2'")
     weighted = "\n".join(r[0] for r in session.execute(sql).rows)
     assert "split by aggregate weights 1,1,2 (SET dpproxy.split)" in weighted
     assert "COUNT(*) from m0: ε=0.25 (25% of the query's)" in weighted
-    assert "AVG(age) from m1, m2: ε=0.25 (25% of the query's)" in weighted
-    assert "STDDEV_POP(age) from m1, m2, m3: ε=0.5 (50% of the query's)" in weighted
+    assert "AVG(age) from m1, m0: ε=0.25 (25% of the query's)" in weighted
+    assert "STDDEV_POP(age) from m1, m0, m2: ε=0.5 (50% of the query's)" in weighted
     assert session.remaining().epsilon == 1e9  # EXPLAIN charges nothing
 
 

@@ -106,8 +106,15 @@ def _clip(value: float, bounds: Interval) -> float:
     return min(max(value, bounds[0]), bounds[1])
 
 
-def _count_statistics(arg: exp.Expression | None, _: ExprType | None) -> list[Statistic]:
-    return [Statistic("count", arg)]
+def _count_of(arg: exp.Expression | None, t: ExprType | None) -> Statistic:
+    """COUNT(arg); an argument that is never NULL counts every row, so it is COUNT(*) and
+    shares that statistic (and its share of ε) with every other count of the query."""
+    never_null = t is not None and not t.nullable
+    return Statistic("count", None if never_null else arg)
+
+
+def _count_statistics(arg: exp.Expression | None, t: ExprType | None) -> list[Statistic]:
+    return [_count_of(arg, t)]
 
 
 def _sum_statistics(arg: exp.Expression | None, t: ExprType | None) -> list[Statistic]:
@@ -121,7 +128,7 @@ def _avg_statistics(arg: exp.Expression | None, t: ExprType | None) -> list[Stat
     center = (t.lower + t.upper) / 2
     centred_integer = t.integer and float(center).is_integer()
     return [Statistic("sum", arg, t.lower, t.upper, center, centred_integer),
-            Statistic("count", arg)]
+            _count_of(arg, t)]
 
 
 def _units_statistics(arg: exp.Expression | None, _: ExprType | None) -> list[Statistic]:
@@ -205,7 +212,7 @@ def _variance_statistics(arg: exp.Expression | None, t: ExprType | None) -> list
     centred = _centred(arg, center)
     square = exp.Mul(this=exp.Paren(this=centred), expression=exp.Paren(this=centred.copy()))
     return [Statistic("sum", arg, t.lower, t.upper, center, integer),
-            Statistic("count", arg),
+            _count_of(arg, t),
             Statistic("sum", square, 0.0, half * half, 0.0, integer)]
 
 

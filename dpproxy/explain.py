@@ -10,6 +10,7 @@ from .analyze import AggregateCall
 from .mechanisms import half_width
 from .plan import QueryPlan, aggregate_epsilons, format_split
 from .quantiles import rank_error
+from .rewrite import counts_units
 from .selection import effective_threshold
 
 # Group sizes at which EXPLAIN quotes the expected error of AVG, VAR and STDDEV, whose
@@ -32,7 +33,7 @@ def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -
     lines = [
         f"DP query on {analysis.table.name} ({unit})",
         f"Cost: ε={cost.epsilon:g}, δ={cost.delta:g} ({options.mechanism}, basic composition, "
-        f"{split}{' and partition selection' if plan.selection else ''}); "
+        f"{split}{' and partition selection' if counts_units(plan) else ''}); "
         f"budget left before: ε={remaining.epsilon:.6g}, δ={remaining.delta:.3g}",
     ]
     for join in analysis.joins:
@@ -55,13 +56,23 @@ def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -
         sel = plan.selection
         keys = ", ".join(k.name if k.values is None else f"{k.name} (public)"
                          for k in analysis.keys)
-        lines.append(
-            f"Groups: {keys}; partition selection releases a group when its noisy count of "
-            f"distinct units reaches {effective_threshold(sel)} ({sel.mechanism} thresholding, "
-            f"scale {sel.noise.scale:.6g}, ε={sel.epsilon:.6g}, δ={sel.delta:.3g}, "
-            f"≤ {sel.max_groups} group(s) per unit; textbook threshold "
-            f"{sel.textbook_threshold:.4g} for continuous noise"
-            f"{f'; floor min_units_per_group={sel.min_units}' if sel.min_units else ''})")
+        if sel.measurement is not None:
+            count = plan.measurements[sel.measurement]
+            lines.append(
+                f"Groups: {keys}; partition selection releases a group when its released "
+                f"{count.statistic.describe()} reaches {sel.threshold} (thresholding the "
+                f"count's own noise, so selection takes no ε; δ={sel.delta:.3g}, a unit adds "
+                f"≤ {sel.unit_rows} row(s) to each of ≤ {sel.max_groups} group(s); textbook "
+                f"threshold {sel.textbook_threshold:.4g} for continuous noise; SET "
+                "dpproxy.selection = 'units' thresholds a count of units instead)")
+        else:
+            lines.append(
+                f"Groups: {keys}; partition selection releases a group when its noisy count of "
+                f"distinct units reaches {effective_threshold(sel)} ({sel.mechanism} thresholding, "
+                f"scale {sel.noise.scale:.6g}, ε={sel.epsilon:.6g}, δ={sel.delta:.3g}, "
+                f"≤ {sel.max_groups} group(s) per unit; textbook threshold "
+                f"{sel.textbook_threshold:.4g} for continuous noise"
+                f"{f'; floor min_units_per_group={sel.min_units}' if sel.min_units else ''})")
     else:
         lines.append("Groups: one (no GROUP BY)")
     for m in plan.measurements:

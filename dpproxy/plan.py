@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from .accountant import Cost, Loss
 from .analyze import Analysis
@@ -31,7 +32,14 @@ from .analyze.aggregates import Statistic
 from .errors import InvalidParameterValue
 from .mechanisms import Mechanism, NoiseSpec, calibrate, half_width
 from .quantiles import QuantileSpec, binning_for
-from .selection import SelectionSpec, plan_selection
+from .selection import SelectionSpec, count_selection, effective_threshold, plan_selection
+
+# How partition selection decides which groups with private keys to release: by a noisy
+# count of each group's distinct units (its own share of ε), by the query's released
+# COUNT(*) (no share of its own), or "auto": the released count where one unit adds at
+# most one row to a group and that threshold is no higher (see `plan_query`).
+SelectionMode = Literal["auto", "units", "rows"]
+SELECTION_MODES: tuple[SelectionMode, ...] = ("auto", "units", "rows")
 
 
 @dataclass(frozen=True)
@@ -46,8 +54,13 @@ class QueryOptions:
     # Relative weights of the query's aggregates in the ε/δ split (see `budget_fractions`);
     # None: split evenly over the noisy statistics.
     split: tuple[float, ...] | None = None
+    selection: SelectionMode = "auto"
 
     def __post_init__(self) -> None:
+        if self.selection not in SELECTION_MODES:
+            raise InvalidParameterValue(
+                f"invalid value for dpproxy.selection: {self.selection!r}",
+                hint="use 'auto', 'units' or 'rows'")
         if self.split is not None and not (
                 self.split and all(math.isfinite(w) and w > 0 for w in self.split)):
             raise InvalidParameterValue(
@@ -199,10 +212,12 @@ def statistic_sensitivity(statistic: Statistic, bound: ContributionBound, mechan
     return groups * per_group
 
 
-def budget_fractions(analysis: Analysis, split: tuple[float, ...] | None) -> list[float]:
+def budget_fractions(analysis: Analysis, split: tuple[float, ...] | None,
+                     selection_share: bool | None = None) -> list[float]:
     """Each statistic's fraction of the query's ε (and Gaussian δ); exact statistics get 0.
 
-    Partition selection, when the query has it, keeps one even share, 1/(noisy statistics
+    Partition selection, when the query has it (`selection_share`, by default when its
+    keys are private) and counts units itself, keeps one even share, 1/(noisy statistics
     + 1), whatever the split. Even split: every noisy statistic gets that same share. With
     weights (one per aggregate, in `analysis.aggregates` order), the rest is divided in
     proportion to them; an aggregate's weight is divided evenly over its noisy statistics,
@@ -210,7 +225,7 @@ def budget_fractions(analysis: Analysis, split: tuple[float, ...] | None) -> lis
     the count) adds up its parts. The fractions sum to 1, so the cost is the same.
     """
     noisy = [not s.exact for s in analysis.statistics]
-    selecting = not analysis.public_groups
+    selecting = not analysis.public_groups if selection_share is None else selection_share
     shares = sum(noisy) + (1 if selecting else 0)
     if split is None:
         return [1 / shares if n else 0.0 for n in noisy]
@@ -262,11 +277,48 @@ def aggregate_epsilons(plan: QueryPlan) -> list[float]:
 def plan_query(analysis: Analysis, options: QueryOptions) -> QueryPlan:
     """Split the query's budget over its statistics — evenly, or by the aggregate weights of
     `options.split` (`budget_fractions`) — and partition selection, when group keys are
-    private, and calibrate each one's noise."""
+    private, and calibrate each one's noise.
+
+    Partition selection thresholds a noisy count of each group's distinct units, with its
+    own share of ε, or (`options.selection`) the query's released COUNT(*), which needs no
+    share: possible under Laplace noise without a min_units_per_group floor. A unit adds up
+    to max_rows rows to a group's count but one to its unit count, so "auto" takes the
+    released count only where max_rows is 1 (no privacy unit, or one row per unit and
+    group) and its threshold is no higher; "rows" takes it wherever possible.
+    """
+    if analysis.public_groups or options.selection == "units":
+        return _plan_query(analysis, options, None)
+    count = released_count(analysis, options)
+    if count is None:
+        return _plan_query(analysis, options, None)
+    if options.selection == "auto":
+        if contribution_bound(analysis).max_rows != 1:
+            return _plan_query(analysis, options, None)
+        by_units = _plan_query(analysis, options, None)
+        by_rows = _plan_query(analysis, options, count)
+        assert by_units.selection is not None and by_rows.selection is not None
+        return by_rows if by_rows.selection.threshold <= effective_threshold(
+            by_units.selection) else by_units
+    return _plan_query(analysis, options, count)
+
+
+def released_count(analysis: Analysis, options: QueryOptions) -> int | None:
+    """The index of the noisy COUNT(*) statistic partition selection could threshold, if
+    the query has one and the options allow it."""
+    if options.mechanism != "laplace" or options.min_units_per_group:
+        return None
+    return next((i for i, s in enumerate(analysis.statistics)
+                 if s.kind == "count" and s.argument is None and not s.exact), None)
+
+
+def _plan_query(analysis: Analysis, options: QueryOptions, count: int | None) -> QueryPlan:
+    """`plan_query` with selection, if any, by the measurement of statistic `count`, or by
+    units (None)."""
     bound = contribution_bound(analysis)
     selecting = not analysis.public_groups
-    shares = sum(not s.exact for s in analysis.statistics) + (1 if selecting else 0)
-    fractions = budget_fractions(analysis, options.split)
+    own_share = selecting and count is None
+    shares = sum(not s.exact for s in analysis.statistics) + (1 if own_share else 0)
+    fractions = budget_fractions(analysis, options.split, own_share)
     measurements = []
     for index, statistic in enumerate(analysis.statistics):
         if statistic.exact:  # already private (local DP): computed, not noised, not charged
@@ -298,7 +350,12 @@ def plan_query(analysis: Analysis, options: QueryOptions) -> QueryPlan:
         measurements.append(Measurement(f"m{index}", statistic, sensitivity, noise,
                                         half_width(noise, options.confidence)))
     selection = None
-    if selecting:
+    if selecting and count is not None:
+        noise = measurements[count].noise
+        assert noise is not None  # a noisy count: not exact
+        selection = count_selection(noise, options.delta, bound.max_groups, bound.max_rows,
+                                    count)
+    elif selecting:
         # Under Laplace noise all of δ goes to selection; under Gaussian, one share.
         delta = options.delta / shares if options.mechanism == "gaussian" else options.delta
         selection = plan_selection(options.epsilon / shares, delta, bound.max_groups,

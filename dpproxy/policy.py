@@ -192,6 +192,7 @@ class PrivacyDefaults:
     min_units_per_group: int = 0  # extra floor for partition selection
     budget_window: str = "never"  # budgets renew daily, weekly or monthly (UTC)
     verify_bounds: bool = True  # skip bounding where a check proves it removes nothing
+    selection: str = "auto"  # partition selection by units, by released counts ("rows"), auto
 
 
 @dataclass(frozen=True)
@@ -608,7 +609,7 @@ def parse_policy(raw: Mapping[str, Any], file: Path) -> Policy:
 
     pr = top.sub("privacy", {"default_epsilon", "default_delta", "mechanism", "accounting",
                              "confidence", "min_units_per_group", "budget_window",
-                             "verify_bounds"})
+                             "verify_bounds", "selection"})
     privacy = PrivacyDefaults()
     if pr is not None:
         privacy = PrivacyDefaults(
@@ -622,6 +623,7 @@ def parse_policy(raw: Mapping[str, Any], file: Path) -> Policy:
             min_units_per_group=pr.get("min_units_per_group", int, 0),
             budget_window=pr.choice("budget_window", BUDGET_WINDOWS, "never"),
             verify_bounds=pr.get("verify_bounds", bool, True),
+            selection=pr.choice("selection", ("auto", "units", "rows"), "auto"),
         )
         if privacy.min_units_per_group < 0:
             pr.fail("min_units_per_group", "must be a non-negative integer")

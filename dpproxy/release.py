@@ -92,15 +92,20 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
     """Noisy rows for the plan's outputs from the backend's exact per-group rows."""
     analysis = plan.analysis
     exact = _exact_by_group(analysis, rows, len(analysis.keys))
-    if plan.selection is None:
+    selection = plan.selection
+    drawn: dict[int, Sequence[float]] = {}  # measurements noised already, to select groups
+    if selection is None:
         groups = [tuple(g) for g in itertools.product(*(k.values or () for k in analysis.keys))]
+    elif selection.measurement is None:
+        groups = _select_groups(selection, exact)
     else:
-        groups = _select_groups(plan.selection, exact)
+        groups, drawn[selection.measurement] = _select_by_count(selection, exact)
     zeros = tuple(0.0 for _ in plan.measurements)
 
     # One vector per measurement over all groups: the noise spec covers the whole vector.
     noisy_by_measurement = [
-        _quantiles([exact.get(g, zeros)[i] for g in groups], m) if m.quantile is not None
+        drawn[i] if i in drawn
+        else _quantiles([exact.get(g, zeros)[i] for g in groups], m) if m.quantile is not None
         else _noised([_finite(exact.get(g, zeros)[i]) for g in groups], m.noise)
         for i, m in enumerate(plan.measurements)
     ]
@@ -183,6 +188,21 @@ def _select_groups(selection: SelectionSpec, exact: dict[tuple[object, ...], tup
     threshold = effective_threshold(selection)
     kept = [g for g, n in zip(candidates, noisy, strict=True) if n >= threshold]
     return sorted(kept, key=_key_order)
+
+
+def _select_by_count(selection: SelectionSpec,
+                     exact: dict[tuple[object, ...], tuple[float, ...]]
+                     ) -> tuple[list[tuple[object, ...]], list[float]]:
+    """Groups whose released noisy COUNT(*) reaches the threshold, in key order, with those
+    noisy counts: the very draws that are released, so the count costs its share once."""
+    index = selection.measurement
+    assert index is not None
+    candidates = list(exact)
+    noisy = release_many([_finite(exact[g][index]) for g in candidates], selection.noise)
+    threshold = effective_threshold(selection)
+    kept = sorted(((g, n) for g, n in zip(candidates, noisy, strict=True) if n >= threshold),
+                  key=lambda pair: _key_order(pair[0]))
+    return [g for g, _ in kept], [n for _, n in kept]
 
 
 def _key_order(group: tuple[object, ...]) -> tuple[tuple[bool, str, object], ...]:

@@ -83,6 +83,9 @@ class Rewritten:
     # the same statistics unbounded, for data where no unit exceeds the bounds
     unbounded: Unbounded | None = None
     slots: int = 0  # WHERE literals left as parameters, bound per execution
+    # True: a last column holds each group's count of distinct units (partition selection by
+    # units); a plan selecting by its released count needs none
+    unit_counts: bool = False
 
     @cached_property
     def sql(self) -> str:
@@ -337,12 +340,13 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
         statement = _statement(plan, dialect, bounded)
         # the layout promised before generating must be the one generated
         assert (statement.key_columns, statement.measurement_columns, statement.salted,
-                statement.slots) == (keys, columns, bounded and salted, slots)
+                statement.slots, statement.unit_counts) == (
+                    keys, columns, bounded and salted, slots, counts_units(plan))
         return statement.sql
 
     return Rewritten(keys, columns, salted, lambda: generate(True),
                      Unbounded(lambda: generate(False), _check_for(plan, dialect), slots),
-                     slots)
+                     slots, counts_units(plan))
 
 
 _checks: OrderedDict[tuple[object, ...], tuple[TablePolicy, BoundCheck]] = OrderedDict()
@@ -481,7 +485,7 @@ def _statement(plan: QueryPlan, dialect: str, bounded: bool) -> Rewritten:
         else:
             agg = exp.Count(this=exp.Star())
         outer_items.append(exp.alias_(agg, measurement.column))
-    if plan.selection is not None:
+    if plan.selection is not None and plan.selection.counts_units:
         # each group's count of distinct units (one kept pair each), for partition selection
         units = (exp.Count(this=exp.column(UNIT)) if pairs
                  else exp.Count(this=exp.Distinct(expressions=[exp.column(UNIT)]))
@@ -500,7 +504,7 @@ def _statement(plan: QueryPlan, dialect: str, bounded: bool) -> Rewritten:
     salted = pairs and bool(analysis.keys)
     statement, slots = _generate(outer, plan, dialect, salted)
     return Rewritten(key_names, tuple(m.column for m in plan.measurements), salted,
-                     lambda: statement, slots=slots)
+                     lambda: statement, slots=slots, unit_counts=counts_units(plan))
 
 
 
@@ -854,7 +858,7 @@ def _rewrite_binned(plan: QueryPlan, dialect: str, source: exp.Expression,
         inner_items.append(exp.alias_(partial(measurement, value_name), column))
         outer_items.append(exp.alias_(exp.Sum(this=exp.column(column)), column))
     inner_items.append(exp.alias_(exp.Count(this=exp.Star()), BIN_ROWS))
-    if plan.selection is not None:
+    if plan.selection is not None and plan.selection.counts_units:
         units = exp.Sum(this=first_row.copy()) if unit else exp.Count(this=exp.Star())
         inner_items.append(exp.alias_(units, SELECTION))
         outer_items.append(exp.alias_(exp.Sum(this=exp.column(SELECTION)), SELECTION))
@@ -871,7 +875,12 @@ def _rewrite_binned(plan: QueryPlan, dialect: str, source: exp.Expression,
     salted = unit and bool(key_names)
     statement, slots = _generate(outer, plan, dialect, bool(salted))
     return Rewritten(key_names, tuple(m.column for m in plan.measurements), salted,
-                     lambda: statement, slots=slots)
+                     lambda: statement, slots=slots, unit_counts=counts_units(plan))
+
+
+def counts_units(plan: QueryPlan) -> bool:
+    """Whether the plan's statements compute each group's count of distinct units."""
+    return plan.selection is not None and plan.selection.counts_units
 
 
 def slot_count(plan: QueryPlan) -> int:

@@ -20,6 +20,11 @@ the exact tail of the discrete noise with the exact sampler parameter:
 (8.69, 42.3)
 >>> plan_selection(1.0, 1e-5, 5).threshold >= 42
 True
+
+A query that releases COUNT(*) under Laplace noise can instead threshold that released
+count (`count_selection`): its noise already covers every group's count, so selection
+needs no ε of its own, only δ. A group held by one unit then counts up to
+`max_rows_per_unit` rows rather than one unit, so the threshold starts there.
 """
 
 from __future__ import annotations
@@ -52,6 +57,16 @@ class SelectionSpec:
     threshold: int  # released iff unit count + noise >= threshold
     textbook_threshold: float  # the continuous-noise formula, for comparison
     min_units: int = 0  # an extra floor the policy or session asked for
+    # None: the threshold applies to each group's own noisy count of distinct units. Else the
+    # index of the plan's COUNT(*) measurement whose released noisy value is thresholded; it
+    # pays for the noise, so `epsilon` is 0 here and only δ is selection's own.
+    measurement: int | None = None
+    unit_rows: int = 1  # the most one unit adds to the thresholded count of a group
+
+    @property
+    def counts_units(self) -> bool:
+        """Whether the backend must compute each group's count of distinct units."""
+        return self.measurement is None
 
     @property
     def rho(self) -> float | None:
@@ -152,9 +167,38 @@ def plan_selection(epsilon: float, delta: float, k: int, min_units: int = 0) -> 
                gaussian_selection(epsilon, delta, k, min_units), key=lambda s: s.threshold)
 
 
+def count_selection(noise: NoiseSpec, delta: float, k: int, max_rows: int, measurement: int
+                    ) -> SelectionSpec:
+    """Threshold the released COUNT(*) (Laplace `noise` over the vector of group counts, L1
+    sensitivity k·max_rows): a group held by one unit counts at most `max_rows` rows, so
+    T = max_rows − 1 + the units threshold for that noise, and P(max_rows + noise ≥ T) ≤ δ'
+    per group, δ for a unit's k groups together.
+
+    >>> from dpproxy.mechanisms import calibrate
+    >>> noise = calibrate("laplace", 5.0, 1.0, integer_valued=True)
+    >>> spec = count_selection(noise, 1e-6, 1, 5, 0)
+    >>> spec.threshold, round(spec.textbook_threshold, 1)
+    (72, 70.6)
+    >>> single_unit_release_probability(spec) <= 1e-6
+    True
+    """
+    if noise.mechanism != "laplace":
+        raise ValueError("count selection thresholds a Laplace-noised count")
+    _check(noise.epsilon, delta, k)
+    if max_rows < 1:
+        raise InvalidParameterValue(f"max_rows_per_unit must be >= 1, got {max_rows}")
+    target = per_group_delta(delta, k)
+    return SelectionSpec("laplace", 0.0, delta, k, noise,
+                         max_rows - 1 + _discrete_laplace_threshold(noise, target),
+                         max_rows - noise.scale * math.log(2 * target), 0, measurement,
+                         max_rows)
+
+
 def single_unit_release_probability(spec: SelectionSpec) -> float:
-    """P(a group held by one unit is released) = P(1 + noise >= T), from the exact tail."""
-    return _upper_tail(spec, effective_threshold(spec) - 1)  # T >= 2, so the margin is >= 1
+    """P(a group held by one unit is released) = P(unit_rows + noise >= T), from the exact
+    tail."""
+    # T >= unit_rows + 1, so the margin is >= 1
+    return _upper_tail(spec, effective_threshold(spec) - spec.unit_rows)
 
 
 def _upper_tail(spec: SelectionSpec, m: int) -> float:

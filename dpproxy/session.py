@@ -34,15 +34,23 @@ from .analyze import Analysis, ConstantQuery, analyze
 from .audit import AuditLog, AuditRecord
 from .backends import Backend, open_backend
 from .parse import Parameters, Statement, parse_statements
-from .plan import QueryOptions, QueryPlan, format_split, parse_split, plan_query
+from .plan import (
+    SELECTION_MODES,
+    QueryOptions,
+    QueryPlan,
+    format_split,
+    parse_split,
+    plan_query,
+)
 from .policy import AnalystPolicy, Policy, env_password, load_policy
 from .postprocess import evaluate
 from .release import ColumnAccuracy, Interval, Released, release
-from .rewrite import Rewritten, rewrite
+from .rewrite import Rewritten, counts_units, rewrite
 from .shapes import intact, lift, parameter_value, unlift
 
 OPTION_PREFIX = "dpproxy."
-OPTIONS = ("epsilon", "delta", "mechanism", "confidence", "min_units_per_group", "split")
+OPTIONS = ("epsilon", "delta", "mechanism", "confidence", "min_units_per_group", "split",
+           "selection")
 REWRITE_CACHE_SIZE = 1024
 # "off": analyse a query before looking up its stored answer, for A/B benchmarks.
 FAST_REPEATS = os.environ.get("DPPROXY_FAST_REPEATS", "on").lower() != "off"
@@ -156,7 +164,7 @@ class Engine:
         self.audit = AuditLog(policy.audit_log_path)
         self._closed = False
         self._lock = threading.Lock()
-        self._rewrites: OrderedDict[str, Rewritten] = OrderedDict()
+        self._rewrites: OrderedDict[tuple[str, bool], Rewritten] = OrderedDict()
         # (statement text, typed parameters) → the normalized bound query
         self._normalized: OrderedDict[tuple[str, str], str] = OrderedDict()
         # (statement text, typed parameters) → output names, for texts analysed and accepted
@@ -213,8 +221,9 @@ class Engine:
 
     def rewritten(self, plan: QueryPlan) -> Rewritten:
         """The backend statement for a plan, cached by normalized query: it depends only on
-        the analysis and this engine's policy (the salt is bound per execution)."""
-        key = plan.analysis.statement
+        the analysis, this engine's policy and how the plan selects groups (the salt is
+        bound per execution)."""
+        key = (plan.analysis.statement, counts_units(plan))
         with self._lock:
             cached = self._rewrites.get(key)
             if cached is not None:
@@ -256,7 +265,8 @@ class Session:
         defaults = engine.policy.privacy
         self._defaults = QueryOptions(defaults.default_epsilon, defaults.default_delta,
                                       defaults.mechanism, defaults.confidence,
-                                      defaults.min_units_per_group)
+                                      defaults.min_units_per_group,
+                                      selection=defaults.selection)  # type: ignore[arg-type]
         self.options = self._defaults
         for name, value in options.items():
             self.set_option(name, value)
@@ -275,7 +285,8 @@ class Session:
             self.options = replace(self.options, split=parse_split(value))
             return
         try:
-            typed: Any = str(value).lower() if key == "mechanism" else float(value)
+            typed: Any = str(value).lower() if key in ("mechanism", "selection") \
+                else float(value)
         except (TypeError, ValueError):
             raise errors.InvalidParameterValue(
                 f"invalid value for {OPTION_PREFIX}{key}: {value!r}") from None
@@ -283,6 +294,11 @@ class Session:
             raise errors.InvalidParameterValue(
                 f"invalid value for {OPTION_PREFIX}mechanism: {value!r}",
                 hint="use 'laplace' or 'gaussian'")
+        if key == "selection" and typed not in SELECTION_MODES:
+            raise errors.InvalidParameterValue(
+                f"invalid value for {OPTION_PREFIX}selection: {value!r}",
+                hint="use 'auto', 'units' (a noisy count of each group's units) or 'rows' "
+                     "(the query's released COUNT(*))")
         if key == "min_units_per_group":
             if typed != int(typed):
                 raise errors.InvalidParameterValue(
@@ -389,8 +405,10 @@ class Session:
             # and the text is the shape's, accepted for every value of them. (Without
             # slots, the shape's SQL is the statement's text.)
             text = ast.sql("postgres") if values else shape.sql
-            return plan_query(replace(analysis, statement=text), self.options), \
-                (rewritten, values)
+            plan = plan_query(replace(analysis, statement=text), self.options)
+            # (the options may since select groups otherwise, needing another statement)
+            if rewritten.unit_counts == counts_units(plan):
+                return plan, (rewritten, values)
         planned = self._plan(statement)  # the slots are literals to the analyzer
         if isinstance(planned, QueryPlan) and planned.reads_data \
                 and intact(planned.analysis.where, shape.values, planned.analysis.table):

@@ -26,7 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +38,11 @@ sys.path.insert(0, str(ROOT))
 
 from dpproxy.analyze import analyze  # noqa: E402
 from dpproxy.parse import clear_parse_cache, parse_statements  # noqa: E402
-from dpproxy.plan import plan_query  # noqa: E402
+from dpproxy.plan import QueryPlan, plan_query  # noqa: E402
 from dpproxy.policy import load_policy  # noqa: E402
 from dpproxy.release import release  # noqa: E402
 from dpproxy.rewrite import rewrite  # noqa: E402
-from dpproxy.session import Engine  # noqa: E402
+from dpproxy.session import Engine, Session  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 OCCUPATIONS = ["Adm-clerical", "Exec-managerial", "Handlers-cleaners", "Prof-specialty",
@@ -177,13 +177,7 @@ def proxy_overhead(policy_path: Path, repeat: int) -> dict[str, dict[str, float]
         rows = engine.backend.run_aggregate(rewritten.sql, rewritten.parameters())
 
         def pipeline(sql: str = sql, rows: list = rows, cached: bool = False) -> None:  # type: ignore[type-arg]
-            if not cached:  # a new text: not served by the parse cache
-                clear_parse_cache()
-            st = parse_statements(sql)[0]
-            p = plan_query(analyze(st.ast, policy, analyst), session.options)
-            statement = (engine.rewritten(p) if cached else rewrite(p)).sql  # generated on use
-            assert statement
-            release(p, rows)
+            proxy_pipeline(session, sql, rows, cached)
 
         for _ in range(20):  # warm-up
             pipeline()
@@ -193,6 +187,30 @@ def proxy_overhead(policy_path: Path, repeat: int) -> dict[str, dict[str, float]
         }
     engine.close()
     return out
+
+
+def proxy_pipeline(session: Session, sql: str, rows: Sequence[tuple[Any, ...]],
+                   cached: bool) -> None:
+    """What the proxy does for one query besides the backend's work and the ledger.
+
+    Not `cached`: a new text, parsed (not from the parse cache), analysed, planned, its
+    statement generated, released. `cached`: a repeat of an accepted query shape, as a
+    running session serves it: the parse cache, then the shape cache (`dpproxy.shapes`)
+    for the analysis and statement, a plan for the session's options, release.
+    """
+    engine = session.engine
+    if not cached:
+        clear_parse_cache()
+        ast = parse_statements(sql)[0].ast
+        p = plan_query(analyze(ast, engine.policy, session.analyst), session.options)
+        assert rewrite(p).sql  # generated on use
+        release(p, rows)
+        return
+    planned, shaped = session._shaped_plan(parse_statements(sql)[0])
+    assert isinstance(planned, QueryPlan)
+    rewritten = shaped[0] if shaped is not None else engine.rewritten(planned)
+    assert rewritten.sql
+    release(planned, rows)
 
 
 def end_to_end(policy_path: Path, db: Path | str, repeat: int

@@ -52,13 +52,16 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.overhead import OCCUPATIONS, build_table, quote_in_readme  # noqa: E402
+from benchmarks.overhead import (  # noqa: E402
+    OCCUPATIONS,
+    build_table,
+    proxy_pipeline,
+    quote_in_readme,
+)
 from dpproxy.analyze import analyze  # noqa: E402
-from dpproxy.parse import clear_parse_cache, parse_statements  # noqa: E402
+from dpproxy.parse import parse_statements  # noqa: E402
 from dpproxy.plan import plan_query  # noqa: E402
 from dpproxy.policy import load_policy  # noqa: E402
-from dpproxy.release import release  # noqa: E402
-from dpproxy.rewrite import rewrite  # noqa: E402
 from dpproxy.session import Engine  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -256,13 +259,7 @@ def proxy_overhead(policy: Path, queries: Sequence[Query], runs: int
             rows = engine.backend.run_aggregate(rewritten.sql, rewritten.parameters())
 
             def pipeline(sql: str = q.sql, rows: Any = rows, cached: bool = False) -> None:
-                if not cached:  # a new text: not served by the parse cache
-                    clear_parse_cache()
-                p = plan_query(analyze(parse_statements(sql)[0].ast, loaded, analyst),
-                               session.options)
-                statement = (engine.rewritten(p) if cached else rewrite(p)).sql  # generated on use
-                assert statement
-                release(p, rows)
+                proxy_pipeline(session, sql, rows, cached)
 
             for _ in range(20):
                 pipeline()

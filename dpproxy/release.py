@@ -12,16 +12,19 @@ import datetime as dt
 import functools
 import itertools
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
+from sqlglot import exp
+
 from .analyze import AggregateCall, Analysis, GroupKey, Output
-from .analyze.aggregates import combine, interval
+from .analyze.aggregates import _single, _single_interval, combine, interval
 from .analyze.keys import normalize_key
-from .mechanisms import NoiseSpec, half_width, release_many
+from .mechanisms import half_width, release_many, release_vectors
 from .plan import Measurement, QueryPlan
-from .postprocess import Value, evaluate
+from .postprocess import AggregateRef, Value, evaluate
 from .quantiles import decode_histogram, rank_error, release_quantile
 from .selection import SelectionSpec, effective_threshold
 
@@ -76,16 +79,44 @@ def _normalize_key(value: object, key: GroupKey) -> object:
     return value
 
 
+# Key values _normalize_key returns unchanged for a plain column of another type than float
+_PLAIN_KEY_TYPES = frozenset({str, int, bool, type(None)})
+
+
+def _key_column(values: tuple[object, ...], key: GroupKey) -> Sequence[object]:
+    """_normalize_key over one key column, skipped when it would change nothing."""
+    if key.expression is None and key.column.type != "float" \
+            and _PLAIN_KEY_TYPES.issuperset(map(type, values)):
+        return values
+    return [_normalize_key(v, key) for v in values]
+
+
+def _statistic_column(values: tuple[object, ...]) -> Sequence[object]:
+    """A backend column as released: ints and floats as they are, other numbers (Decimal)
+    as floats, NULL as 0.0; a quantile's (bin, rows) pairs are kept for the mechanism."""
+    if _EXACT_NUMBER_TYPES.issuperset(map(type, values)):
+        return values
+    return [v if type(v) in _EXACT_NUMBER_TYPES or isinstance(v, list)
+            else float(v) if v is not None else 0.0  # type: ignore[arg-type]
+            for v in values]
+
+
+# Numbers the noise and combination steps take as they are (bool is converted: it is not)
+_EXACT_NUMBER_TYPES = frozenset({int, float})
+
+
 def _exact_by_group(analysis: Analysis, rows: Sequence[tuple[object, ...]], key_count: int
                     ) -> dict[tuple[object, ...], tuple[float, ...]]:
-    by_group: dict[tuple[object, ...], tuple[float, ...]] = {}
-    for row in rows:
-        key = tuple(_normalize_key(v, k) for v, k in zip(row[:key_count], analysis.keys,
-                                                          strict=True))
-        # a quantile's column holds its (bin, rows) pairs: kept as they are for the mechanism
-        by_group[key] = tuple(v if isinstance(v, list) else float(v) if v is not None else 0.0
-                              for v in row[key_count:])  # type: ignore[misc]
-    return by_group
+    if not rows:
+        return {}
+    # column by column: one decision per column instead of one per value
+    columns = list(zip(*rows, strict=True))
+    keys = [_key_column(c, k) for c, k in zip(columns[:key_count], analysis.keys, strict=True)]
+    stats = [_statistic_column(c) for c in columns[key_count:]]
+    key_rows = zip(*keys, strict=True) if keys else itertools.repeat((), len(rows))
+    stat_rows = zip(*stats, strict=True) if stats else itertools.repeat((), len(rows))
+    # a later row with the same normalised key replaces an earlier one, as dict() does
+    return dict(zip(key_rows, stat_rows, strict=True))  # type: ignore[arg-type]
 
 
 def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
@@ -101,50 +132,111 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
     else:
         groups, drawn[selection.measurement] = _select_by_count(selection, exact)
     zeros = tuple(0.0 for _ in plan.measurements)
+    exact_rows = [exact.get(g, zeros) for g in groups]
 
     # One vector per measurement over all groups: the noise spec covers the whole vector.
-    noisy_by_measurement = [
+    # (The vectors are noised together: one batched draw is cheaper than one per vector.)
+    noisy_by_measurement: list[Sequence[float]] = [
         drawn[i] if i in drawn
-        else _quantiles([exact.get(g, zeros)[i] for g in groups], m) if m.quantile is not None
-        else _noised([_finite(exact.get(g, zeros)[i]) for g in groups], m.noise)
+        else _quantiles([r[i] for r in exact_rows], m) if m.quantile is not None
+        else _finite_column([r[i] for r in exact_rows])  # type: ignore[misc]
         for i, m in enumerate(plan.measurements)
     ]
-    level_half = [_half_widths(agg, plan) for agg in analysis.aggregates]
+    # an exact statistic (local-DP reports, public membership) is released as computed
+    noised = [(i, m.noise) for i, m in enumerate(plan.measurements)
+              if i not in drawn and m.quantile is None and m.noise is not None]
+    fresh = release_vectors([(noisy_by_measurement[i], noise) for i, noise in noised])
+    for (i, _), noisy in zip(noised, fresh, strict=True):
+        noisy_by_measurement[i] = noisy
 
-    table_rows: list[dict[str, Value]] = []
-    table_intervals: list[dict[str, Interval]] = []
-    keys_of_rows: list[dict[str, Value]] = []
-    for gi, group in enumerate(groups):
-        values: dict[str, Value] = {}
-        intervals: dict[str, Interval] = {}
-        for agg, halves in zip(analysis.aggregates, level_half, strict=True):
-            stats = [analysis.statistics[i] for i in agg.statistics]
-            released = [float(noisy_by_measurement[i][gi]) for i in agg.statistics]
-            value = combine(agg.rule, released, stats)
-            if agg.rule.integer_result(stats):
-                value = round(value)
-            values[agg.sql] = value
+    # Each aggregate's values and intervals, as columns over the groups.
+    values_of: dict[str, list[Value]] = {}
+    intervals_of: dict[str, list[Interval]] = {}
+    for agg in analysis.aggregates:
+        stats = [analysis.statistics[i] for i in agg.statistics]
+        halves = _half_widths(agg, plan)
+        columns = [list(map(float, noisy_by_measurement[i])) for i in agg.statistics]
+        if agg.rule.combine is _single and agg.rule.interval is _single_interval:
+            values, intervals_of[agg.sql] = _single_columns(columns[0], halves[0],
+                                                            agg.rule.value_range(stats))
+        else:
+            released_rows = list(zip(*columns, strict=True))
+            values = [combine(agg.rule, r, stats) for r in released_rows]
             if not agg.rule.exponential:  # quantiles have none (see dpproxy.quantiles)
-                intervals[agg.sql] = interval(agg.rule, released, halves, stats)
-        table_rows.append(values)
-        table_intervals.append(intervals)
-        keys_of_rows.append({k.name: v for k, v in zip(analysis.keys, group, strict=True)})
+                intervals_of[agg.sql] = [interval(agg.rule, r, halves, stats)
+                                         for r in released_rows]
+        values_of[agg.sql] = list(map(round, values)) if agg.rule.integer_result(stats) \
+            else values
+    key_names = [k.name for k in analysis.keys]
+    keys_of = {name: [g[j] for g in groups] for j, name in enumerate(key_names)}
 
-    selected = [i for i, (values, keys) in enumerate(zip(table_rows, keys_of_rows, strict=True))
-                if analysis.having is None
-                or evaluate(analysis.having, values, keys) is True]
+    needs_rows = analysis.having is not None or bool(analysis.order) or not all(
+        isinstance(o.expression, AggregateRef | exp.Column) for o in analysis.outputs)
+    table_rows: list[dict[str, Value]] = []
+    keys_of_rows: list[dict[str, Value]] = []
+    if needs_rows:  # the evaluator reads rows as dicts
+        table_rows = [dict(zip(values_of, r, strict=True))
+                      for r in zip(*values_of.values(), strict=True)] \
+            if values_of else [{} for _ in groups]
+        keys_of_rows = [dict(zip(key_names, g, strict=True)) for g in groups]
+
+    selected = list(range(len(groups)))
+    if analysis.having is not None:
+        selected = [i for i in selected
+                    if evaluate(analysis.having, table_rows[i], keys_of_rows[i]) is True]
     if analysis.order:
         selected.sort(key=functools.cmp_to_key(
             lambda a, b: _compare_rows(analysis, table_rows, keys_of_rows, a, b)))
     end = None if analysis.limit is None else analysis.offset + analysis.limit
     selected = selected[analysis.offset:end]
 
-    out_rows = [tuple(evaluate(o.expression, table_rows[i], keys_of_rows[i])
-                      for o in analysis.outputs) for i in selected]
-    out_intervals = [tuple(_output_interval(o, analysis, table_intervals[i])
-                           for o in analysis.outputs) for i in selected]
+    out_columns = [_output_column(o, selected, values_of, keys_of, table_rows, keys_of_rows)
+                   for o in analysis.outputs]
+    out_rows = list(zip(*out_columns, strict=True)) if out_columns else [() for _ in selected]
+    interval_columns = [_output_intervals(o, analysis, intervals_of, selected)
+                        for o in analysis.outputs]
+    out_intervals = list(zip(*interval_columns, strict=True)) if interval_columns \
+        else [() for _ in selected]
     return Released(tuple(o.name for o in analysis.outputs), out_rows,
                     tuple(_accuracy(o, plan) for o in analysis.outputs), out_intervals)
+
+
+def _single_columns(released: list[float], half: float, bounds: Interval
+                    ) -> tuple[list[float], list[Interval]]:
+    """combine() and interval() of a one-statistic rule (COUNT, SUM: its combine is _single
+    and its interval _single_interval, the released statistic ± its half-width) for a whole
+    column at once; both clip to the range as _clip does, min(max(v, low), high)."""
+    low, high = bounds
+    values = [min(max(v, low), high) for v in released]
+    intervals = [(min(max(v - half, low), high), min(max(v + half, low), high))
+                 for v in released]
+    return values, intervals
+
+
+def _output_column(output: Output, selected: list[int], values_of: dict[str, list[Value]],
+                   keys_of: dict[str, list[Value]], rows: list[dict[str, Value]],
+                   keys: list[dict[str, Value]]) -> list[Value]:
+    """One output's values on the selected groups: what `evaluate` gives, read straight
+    from the columns when the output is an aggregate or a key."""
+    node = output.expression
+    if isinstance(node, AggregateRef):
+        column = values_of[node.this]
+        return [column[i] for i in selected]
+    if isinstance(node, exp.Column):
+        column = keys_of[node.name]
+        return [column[i] for i in selected]
+    return [evaluate(node, rows[i], keys[i]) for i in selected]
+
+
+def _output_intervals(output: Output, analysis: Analysis,
+                      intervals_of: dict[str, list[Interval]], selected: list[int]
+                      ) -> list[Interval | None]:
+    if output.aggregate is None:
+        return [None] * len(selected)
+    column = intervals_of.get(analysis.aggregates[output.aggregate].sql)
+    if column is None:
+        return [None] * len(selected)
+    return [column[i] for i in selected]
 
 
 def _quantiles(histograms: list[object], measurement: Measurement) -> list[float]:
@@ -154,11 +246,6 @@ def _quantiles(histograms: list[object], measurement: Measurement) -> list[float
     assert spec is not None
     return [release_quantile(spec, decode_histogram(
         h if isinstance(h, list) else None, spec.binning.bins)) for h in histograms]
-
-
-def _noised(values: list[float], noise: NoiseSpec | None) -> Sequence[float]:
-    # an exact statistic (local-DP reports, public membership) is released as computed
-    return values if noise is None else release_many(values, noise)
 
 
 def _half_widths(agg: AggregateCall, plan: QueryPlan) -> list[float]:
@@ -183,11 +270,20 @@ def _select_groups(selection: SelectionSpec, exact: dict[tuple[object, ...], tup
     backend's (data-dependent) row order out of the answer.
     """
     candidates = list(exact)
-    counts = [_finite(exact[g][-1]) for g in candidates]
+    counts = _finite_column([v[-1] for v in exact.values()])
     noisy = release_many(counts, selection.noise)
     threshold = effective_threshold(selection)
-    kept = [g for g, n in zip(candidates, noisy, strict=True) if n >= threshold]
-    return sorted(kept, key=_key_order)
+    kept = list(itertools.compress(candidates,
+                                   map(operator.ge, noisy, itertools.repeat(threshold))))
+    return sorted(kept) if _plain_keys(kept) else sorted(kept, key=_key_order)
+
+
+def _plain_keys(groups: list[tuple[object, ...]]) -> bool:
+    """Whether _key_order sorts these groups as their key tuples sort by themselves: so it
+    does without NULLs and with one type per key column, as _key_order then only puts the
+    same (False, type name) before each value of a column."""
+    return all(len(set(map(type, column))) == 1 and type(column[0]) is not type(None)
+               for column in zip(*groups, strict=True))
 
 
 def _select_by_count(selection: SelectionSpec,
@@ -198,10 +294,14 @@ def _select_by_count(selection: SelectionSpec,
     index = selection.measurement
     assert index is not None
     candidates = list(exact)
-    noisy = release_many([_finite(exact[g][index]) for g in candidates], selection.noise)
+    noisy = release_many(_finite_column([v[index] for v in exact.values()]), selection.noise)
     threshold = effective_threshold(selection)
-    kept = sorted(((g, n) for g, n in zip(candidates, noisy, strict=True) if n >= threshold),
-                  key=lambda pair: _key_order(pair[0]))
+    kept = list(itertools.compress(zip(candidates, noisy, strict=True),
+                                   map(operator.ge, noisy, itertools.repeat(threshold))))
+    if _plain_keys([g for g, _ in kept]):  # groups are distinct: counts are never compared
+        kept.sort(key=operator.itemgetter(0))
+    else:
+        kept.sort(key=lambda pair: _key_order(pair[0]))
     return [g for g, _ in kept], [n for _, n in kept]
 
 
@@ -215,11 +315,8 @@ def _finite(value: float) -> float:
     return value if math.isfinite(value) else 0.0
 
 
-def _output_interval(output: Output, analysis: Analysis, intervals: dict[str, Interval]
-                     ) -> Interval | None:
-    if output.aggregate is None:
-        return None
-    return intervals.get(analysis.aggregates[output.aggregate].sql)
+def _finite_column(values: list[float]) -> list[float]:
+    return values if all(map(math.isfinite, values)) else [_finite(v) for v in values]
 
 
 def _accuracy(output: Output, plan: QueryPlan) -> ColumnAccuracy | None:

@@ -18,6 +18,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import math
 import secrets
 from collections.abc import Callable, Sequence
@@ -216,6 +217,8 @@ def _bisect_sigma(start: float, too_small: Callable[[float], bool]) -> float:
     return hi
 
 
+# Pure, and asked again for every query with the same budget: kept for the next one
+@functools.lru_cache(maxsize=1024, typed=True)
 def gaussian_sigma(l2_sensitivity: float, epsilon: float, delta: float) -> float:
     """Smallest σ of the analytic Gaussian mechanism (Balle & Wang 2018) for (ε, δ)-DP.
 
@@ -297,6 +300,8 @@ def zcdp_epsilon(rho: float, delta: float) -> float:
     return min(eps_at(best), eps_at((lo + hi) / 2))
 
 
+# Pure, and asked again for every query with the same budget: kept for the next one
+@functools.lru_cache(maxsize=1024, typed=True)
 def discrete_gaussian_sigma(l2_sensitivity: float, epsilon: float, delta: float) -> float:
     """Smallest σ whose zCDP ρ = Δ²/(2σ²) implies (ε, δ)-DP via zcdp_delta().
 
@@ -363,6 +368,8 @@ class NoiseSpec:
     grid_param: Fraction = field(default=Fraction(0), repr=False)
 
 
+# Pure, and asked again for every query with the same budget: kept for the next one
+@functools.lru_cache(maxsize=1024, typed=True)
 def calibrate(mechanism: Mechanism, sensitivity: float, epsilon: float, delta: float = 0.0,
               *, integer_valued: bool, changed_outputs: int = 1) -> NoiseSpec:
     """Noise for a vector of outputs with the given L1 (laplace) / L2 (gaussian) sensitivity.
@@ -503,6 +510,7 @@ def release_vectors(vectors: Sequence[tuple[Sequence[float], NoiseSpec]]
     return out
 
 
+@functools.lru_cache(maxsize=1024, typed=True)  # pure; every release asks it again
 def half_width(spec: NoiseSpec, confidence: float = 0.95) -> float:
     """Half-width h with P(|noise| <= h) >= confidence, in output units (a multiple of γ).
 

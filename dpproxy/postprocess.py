@@ -49,6 +49,8 @@ def refer_to_aggregates(node: exp.Expression, names: Mapping[str, str]) -> exp.E
         if isinstance(n, exp.AggFunc):
             return AggregateRef(this=names[n.sql("postgres")])
         return n
+    if isinstance(node, exp.AggFunc):  # the usual output: no copy of what is replaced
+        return swap(node)
     return node.transform(swap)
 Env = tuple[Mapping[str, Value], Mapping[str, Value]]  # (aggregates by SQL, keys by name)
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
+import numpy as np
 from sqlglot import exp
 
 from .analyze import AggregateCall, Analysis, GroupKey, Output
@@ -165,8 +166,7 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
             if not agg.rule.exponential:  # quantiles have none (see dpproxy.quantiles)
                 intervals_of[agg.sql] = [interval(agg.rule, r, halves, stats)
                                          for r in released_rows]
-        values_of[agg.sql] = list(map(round, values)) if agg.rule.integer_result(stats) \
-            else values
+        values_of[agg.sql] = _rounded(values) if agg.rule.integer_result(stats) else values
     key_names = [k.name for k in analysis.keys]
     keys_of = {name: [g[j] for g in groups] for j, name in enumerate(key_names)}
 
@@ -205,12 +205,35 @@ def _single_columns(released: list[float], half: float, bounds: Interval
                     ) -> tuple[list[float], list[Interval]]:
     """combine() and interval() of a one-statistic rule (COUNT, SUM: its combine is _single
     and its interval _single_interval, the released statistic ± its half-width) for a whole
-    column at once; both clip to the range as _clip does, min(max(v, low), high)."""
+    column at once. _clip's min(max(v, low), high) is, for low <= high, "low if v < low,
+    else high if v > high, else v" (NaN and signed zeros included), which is what the
+    np.where below computes; v ± half is the same IEEE operation in numpy as in Python."""
     low, high = bounds
-    values = [min(max(v, low), high) for v in released]
-    intervals = [(min(max(v - half, low), high), min(max(v + half, low), high))
-                 for v in released]
-    return values, intervals
+    if len(released) < _NUMPY_MIN:
+        return ([low if v < low else high if v > high else v for v in released],
+                [(low if v - half < low else high if v - half > high else v - half,
+                  low if v + half < low else high if v + half > high else v + half)
+                 for v in released])
+    column = np.array(released, dtype=np.float64)
+
+    def clip(a: np.ndarray) -> list[float]:
+        return np.where(a < low, low, np.where(a > high, high, a)).tolist()  # type: ignore[no-any-return]
+
+    return clip(column), list(zip(clip(column - half), clip(column + half), strict=True))
+
+
+# Below this many groups, numpy's per-call cost exceeds what it saves
+_NUMPY_MIN = 32
+
+
+def _rounded(values: list[float]) -> list[int]:
+    """[round(v) for v in values]: half to even, as np.rint, while the ints fit in int64."""
+    if len(values) < _NUMPY_MIN:
+        return [round(v) for v in values]
+    column = np.array(values, dtype=np.float64)
+    if not (np.abs(column) < 2.0**62).all():  # infinities and NaN too: round() decides
+        return [round(v) for v in values]
+    return np.rint(column).astype(np.int64).tolist()  # type: ignore[no-any-return]
 
 
 def _output_column(output: Output, selected: list[int], values_of: dict[str, list[Value]],

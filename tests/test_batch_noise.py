@@ -222,15 +222,33 @@ def test_release_vectors_noise_distribution() -> None:
 # ------------------------------------------------------------------ release's fast paths
 
 
-@pytest.mark.parametrize("rule", ["count", "sum", "count_units"])
-def test_single_columns_match_combine_and_interval(rule: str) -> None:
+@pytest.mark.parametrize("rule,lower,upper", [("count", 0, 0), ("count_units", 0, 0),
+                                              ("sum", -5.0, 7.0), ("sum", 0.0, 7.0),
+                                              ("sum", -5.0, 0.0)])
+def test_single_columns_match_combine_and_interval(rule: str, lower: float, upper: float
+                                                   ) -> None:
     from dpproxy.analyze.aggregates import Statistic
-    stats = [Statistic("sum", None, -5.0, 7.0)] if rule == "sum" else [Statistic("count")]
+    stats = [Statistic("sum", None, lower, upper)] if rule == "sum" else [Statistic("count")]
     rng = random.Random(3)
-    released = [rng.uniform(-50, 50) for _ in range(500)] + [0.0, -0.0, math.inf, -math.inf]
-    values, intervals = r._single_columns(released, 3.5, RULES[rule].value_range(stats))
-    assert values == [combine(RULES[rule], [v], stats) for v in released]
-    assert intervals == [interval(RULES[rule], [v], [3.5], stats) for v in released]
+    released = [rng.uniform(-50, 50) for _ in range(500)] + [0.0, -0.0, 3.5, -3.5, math.inf,
+                                                             -math.inf, math.nan]
+    for column in (released, released[-12:]):  # numpy's path and the short one
+        values, intervals = r._single_columns(column, 3.5, RULES[rule].value_range(stats))
+        # repr: NaN and the sign of zero must match too
+        assert repr(values) == repr([combine(RULES[rule], [v], stats) for v in column])
+        assert repr(intervals) == repr([interval(RULES[rule], [v], [3.5], stats)
+                                        for v in column])
+
+
+def test_rounded_is_round() -> None:
+    rng = random.Random(5)
+    values = [rng.uniform(-1e6, 1e6) for _ in range(500)] + [0.5, 1.5, 2.5, -0.5, -2.5, -0.0,
+                                                             2.0**61 + 0.5, 1e300]
+    for column in (values, values[-8:]):
+        got = r._rounded(column)
+        assert got == [round(v) for v in column] and all(type(v) is int for v in got)
+    with pytest.raises((OverflowError, ValueError)):
+        r._rounded([1.0, math.inf])
 
 
 @pytest.mark.parametrize("groups,plain", [

@@ -319,24 +319,26 @@ def discrete_gaussian(params: Sequence[tuple[int, int, int]]) -> list[np.ndarray
 
 def snapped(exact: Sequence[float], gamma: float) -> np.ndarray | None:
     """round(v/γ) for every value, as release() snaps it (int64), or None when that needs
-    Python's arithmetic: a value that is not a float or an int, a non-finite one, or a
-    result that might not leave room to add noise in int64."""
-    kinds = set(map(type, exact))
-    if kinds <= {int}:
-        try:
-            ints = np.array(exact, dtype=np.int64)
-        except OverflowError:
+    Python's arithmetic: a value that is not a number numpy holds exactly, a non-finite
+    one, or a result that might not leave room to add noise in int64."""
+    try:
+        values = np.asarray(exact)
+    except (OverflowError, ValueError):
+        return None
+    kind = values.dtype.kind
+    if kind in "iub":  # ints (bools too: _snap reads True as 1)
+        if values.size and not (values.min() > -_I64_SAFE and values.max() < _I64_SAFE):
             return None
-        if not ((ints > -_I64_SAFE) & (ints < _I64_SAFE)).all():
-            return None
+        ints = values.astype(np.int64)
         if gamma == 1.0:
             return ints  # exact, as int(exact)
         values = ints.astype(np.float64)  # as float(exact): to nearest
-    elif kinds <= {int, float}:
-        values = np.array(exact, dtype=np.float64)
-        # an int becomes the same float here as float(v) there, and when gamma == 1 it must
-        # be exact (release() then keeps ints exact): below 2^53 both hold
-        if int in kinds and not (np.abs(values) < 2.0**53).all():
+    elif kind == "f":
+        values = values.astype(np.float64)
+        # numpy made floats of any ints mixed in: exact below 2^53 (release() keeps ints
+        # exact when gamma == 1, and float(v) is the same float)
+        if values.size and not (np.abs(values) < 2.0**53).all() \
+                and int in set(map(type, exact)):
             return None
     else:
         return None

@@ -60,15 +60,52 @@ _PARAM_BITS = 48
 # Grid step for real-valued outputs is 2**(floor(log2 Δ) - _GRID_BITS): snapping adds at most
 # one grid step per changed output, a relative ~2**-20 ≈ 1e-6 on top of Δ.
 _GRID_BITS = 20
-# From this many values on, dpproxy.batch_noise draws the noise: its fixed cost (a few
-# dozen numpy calls) is about that of this many scalar draws (measured: 16-24).
-_VECTOR_MIN = 20
+# From this many values on, dpproxy.batch_noise draws the noise: its fixed cost (about a
+# hundred numpy calls) is that of this many scalar draws (measured: 48-64).
+_VECTOR_MIN = 56
 
 
 # --------------------------------------------------------------------------- exact samplers
 
 
-def _bern_exp_neg_unit(n: int, d: int) -> bool:
+RandBelow = Callable[[int], int]  # uniform on [0, n): secrets.randbelow or _Entropy.randbelow
+
+
+class _Entropy:
+    """Uniform integers from the OS's CSPRNG, its bytes fetched a block at a time: one
+    system call for many draws instead of one per draw. randbelow(n) is secrets.randbelow's
+    algorithm (the bit length of n − 1 in random bits, redrawn while >= n) on disjoint
+    slices of uniform random bytes. Each instance serves one release call and is dropped
+    with its unused bytes, so no byte is shared between threads or survives a fork."""
+
+    __slots__ = ("_buffer", "_position")
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._position = 0
+
+    def randbelow(self, n: int) -> int:
+        bits = (n - 1).bit_length()
+        if bits == 0:
+            return 0
+        size = (bits + 7) >> 3
+        shift = (size << 3) - bits
+        while True:
+            start = self._position
+            end = start + size
+            if end > len(self._buffer):
+                self._buffer = secrets.token_bytes(max(_ENTROPY_BLOCK, size))
+                start, end = 0, size
+            self._position = end
+            value = int.from_bytes(self._buffer[start:end], "little") >> shift
+            if value < n:
+                return value
+
+
+_ENTROPY_BLOCK = 256  # bytes: a few dozen scalar draws
+
+
+def _bern_exp_neg_unit(n: int, d: int, randbelow: RandBelow = secrets.randbelow) -> bool:
     """Bernoulli(exp(-n/d)) for 0 <= n <= d (CKS20 Algorithm 1, von Neumann's trick)."""
     if n == 0:
         return True  # the first round, randbelow(d) < 0, always fails
@@ -76,19 +113,19 @@ def _bern_exp_neg_unit(n: int, d: int) -> bool:
     # With d = 1 (so n = 1) the first round, randbelow(1) < 1, always succeeds: skipping
     # its draw (which would cost two random bits on average) changes no outcome.
     k = 2 if d == 1 else 1
-    while secrets.randbelow(d * k) < n:
+    while randbelow(d * k) < n:
         k += 1
     return k % 2 == 1
 
 
-def _bern_exp_neg(n: int, d: int) -> bool:
+def _bern_exp_neg(n: int, d: int, randbelow: RandBelow = secrets.randbelow) -> bool:
     """Bernoulli(exp(-n/d)) for n >= 0, d >= 1, as a product of unit-sized pieces."""
     whole, rest = divmod(n, d)
     for _ in range(whole):
         # exp(-γ) = exp(-1)^⌊γ⌋ · exp(-(γ-⌊γ⌋)); stop at the first failure.
-        if not _bern_exp_neg_unit(1, 1):
+        if not _bern_exp_neg_unit(1, 1, randbelow):
             return False
-    return _bern_exp_neg_unit(rest, d)
+    return _bern_exp_neg_unit(rest, d, randbelow)
 
 
 def bernoulli_exp_neg(gamma: Fraction) -> bool:
@@ -103,17 +140,17 @@ def bernoulli_exp_neg(gamma: Fraction) -> bool:
     return _bern_exp_neg(gamma.numerator, gamma.denominator)
 
 
-def _discrete_laplace(t: int, s: int) -> int:
+def _discrete_laplace(t: int, s: int, randbelow: RandBelow = secrets.randbelow) -> int:
     """Discrete Laplace with scale t/s, P(x) ∝ exp(-|x|·s/t) (CKS20 Algorithm 2)."""
     while True:
-        u = secrets.randbelow(t)
-        if not _bern_exp_neg_unit(u, t):
+        u = randbelow(t)
+        if not _bern_exp_neg_unit(u, t, randbelow):
             continue
         v = 0  # geometric: number of Bernoulli(exp(-1)) successes before a failure
-        while _bern_exp_neg_unit(1, 1):
+        while _bern_exp_neg_unit(1, 1, randbelow):
             v += 1
         y = (u + t * v) // s
-        negative = secrets.randbits(1) == 1
+        negative = randbelow(2) == 1
         if negative and y == 0:
             continue  # otherwise 0 would be counted twice
         return -y if negative else y
@@ -139,14 +176,14 @@ def sample_discrete_gaussian(sigma_sq: Fraction) -> int:
     return _discrete_gaussian(sigma_sq.numerator, sigma_sq.denominator)
 
 
-def _discrete_gaussian(p: int, q: int) -> int:
+def _discrete_gaussian(p: int, q: int, randbelow: RandBelow = secrets.randbelow) -> int:
     """Discrete Gaussian with σ² = p/q > 0 (CKS20 Algorithm 3, see above)."""
     t = math.isqrt(p // q) + 1  # ⌊σ⌋ + 1, since ⌊√x⌋ = ⌊√⌊x⌋⌋
     # (|y| - p/(q t))² / (2 p/q) = (|y| q t - p)² / (2 p q t²)
     den = 2 * p * q * t * t
     while True:
-        y = _discrete_laplace(t, 1)
-        if _bern_exp_neg((abs(y) * q * t - p) ** 2, den):
+        y = _discrete_laplace(t, 1, randbelow)
+        if _bern_exp_neg((abs(y) * q * t - p) ** 2, den, randbelow):
             return y
 
 
@@ -447,9 +484,10 @@ def _sampler(spec: NoiseSpec) -> Callable[[], int]:
 
 
 def _grid_sampler(mechanism: Mechanism, n: int, d: int) -> Callable[[], int]:
+    randbelow = _Entropy().randbelow  # this sampler's own bytes
     if mechanism == "laplace":
-        return lambda: _discrete_laplace(n, d)
-    return lambda: _discrete_gaussian(n, d)
+        return lambda: _discrete_laplace(n, d, randbelow)
+    return lambda: _discrete_gaussian(n, d, randbelow)
 
 
 def _snap(exact: float, gamma: float) -> int:

@@ -194,14 +194,14 @@ def test_release_vectors_types_grid_and_validation() -> None:
     lap = m.calibrate("laplace", 1.0, 1.0, integer_valued=True)
     real = m.calibrate("laplace", 0.37, 1.0, integer_valued=False, changed_outputs=2)
     gauss = m.calibrate("gaussian", 1.0, 1.0, 1e-6, integer_valued=True)
-    out = m.release_vectors([([5] * 20, lap), ([123.456, -0.001] * 10, real), ([], lap),
+    out = m.release_vectors([([5] * 40, lap), ([123.456, -0.001] * 20, real), ([], lap),
                              ([1.0, 2.0, 3.0], gauss), ([10**30], lap)])
-    assert [len(v) for v in out] == [20, 20, 0, 3, 1]
+    assert [len(v) for v in out] == [40, 40, 0, 3, 1]
     assert all(type(v) is int for v in out[0] + out[3] + out[4])
     assert all(type(v) is float and (v / real.granularity).is_integer() for v in out[1])
     assert abs(out[4][0] - 10**30) < 10**6  # a big int stays exact
     with pytest.raises(InvalidParameterValue):
-        m.release_vectors([([1.0] * 30, lap), ([math.nan], lap)])
+        m.release_vectors([([1.0] * 60, lap), ([math.nan], lap)])
 
 
 def test_release_vectors_noise_distribution() -> None:

@@ -293,12 +293,16 @@ def _select_groups(selection: SelectionSpec, exact: dict[tuple[object, ...], tup
     backend's (data-dependent) row order out of the answer.
     """
     candidates = list(exact)
-    counts = _finite_column([v[-1] for v in exact.values()])
+    counts = _finite_column(list(map(operator.itemgetter(-1), exact.values())))
     noisy = release_many(counts, selection.noise)
     threshold = effective_threshold(selection)
     kept = list(itertools.compress(candidates,
                                    map(operator.ge, noisy, itertools.repeat(threshold))))
-    return sorted(kept) if _plain_keys(kept) else sorted(kept, key=_key_order)
+    if not _plain_keys(kept):
+        return sorted(kept, key=_key_order)
+    # one key column: its values sort as the 1-tuples do, and faster
+    return sorted(kept, key=operator.itemgetter(0)) if kept and len(kept[0]) == 1 \
+        else sorted(kept)
 
 
 def _plain_keys(groups: list[tuple[object, ...]]) -> bool:
@@ -317,14 +321,17 @@ def _select_by_count(selection: SelectionSpec,
     index = selection.measurement
     assert index is not None
     candidates = list(exact)
-    noisy = release_many(_finite_column([v[index] for v in exact.values()]), selection.noise)
+    counts = _finite_column(list(map(operator.itemgetter(index), exact.values())))
+    noisy = release_many(counts, selection.noise)
     threshold = effective_threshold(selection)
     kept = list(itertools.compress(zip(candidates, noisy, strict=True),
                                    map(operator.ge, noisy, itertools.repeat(threshold))))
-    if _plain_keys([g for g, _ in kept]):  # groups are distinct: counts are never compared
-        kept.sort(key=operator.itemgetter(0))
-    else:
+    if not _plain_keys([g for g, _ in kept]):
         kept.sort(key=lambda pair: _key_order(pair[0]))
+    elif kept and len(kept[0][0]) == 1:  # one key column: its values sort as the 1-tuples do
+        kept.sort(key=lambda pair: pair[0][0])
+    else:  # groups are distinct: the counts are never compared
+        kept.sort(key=operator.itemgetter(0))
     return [g for g, _ in kept], [n for _, n in kept]
 
 

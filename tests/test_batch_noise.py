@@ -322,3 +322,25 @@ def test_empty_draws() -> None:
     assert b._first_failed_round(0).size == 0
     empty = np.zeros(0, dtype=np.int64)
     assert b._bern_exp_neg_split(empty, empty.astype(np.uint64), [], [], empty).size == 0
+
+
+@pytest.mark.parametrize("groups", [
+    [("b",), ("a",), ("c",), ("aa",), ("d",)],
+    [(3, "x"), (1, "y"), (3, "a"), (2, "z"), (0, "q")],
+    [("b",), (None,), ("a",), ("c",), ("e",)],
+    [(2,), (True,), (0,), (5,), (4,)],
+])
+def test_selections_keep_key_order(groups: list[tuple[object, ...]],
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both selections keep the groups reaching the threshold in _key_order's order (with
+    the noise replaced by none, to compare with the row-by-row reference)."""
+    from types import SimpleNamespace
+    monkeypatch.setattr(r, "release_many", lambda values, spec: list(values))
+    counts = [5, 1, 7, 9, 3]
+    exact = {g: (float(c), float(c)) for g, c in zip(groups, counts, strict=True)}
+    spec = SimpleNamespace(noise=None, threshold=3, min_units=0, measurement=0)
+    expected = sorted((g for g, c in zip(groups, counts, strict=True) if c >= 3),
+                      key=r._key_order)
+    assert r._select_groups(spec, exact) == expected  # type: ignore[arg-type]
+    kept, noisy = r._select_by_count(spec, exact)  # type: ignore[arg-type]
+    assert kept == expected and noisy == [exact[g][0] for g in expected]

@@ -205,11 +205,17 @@ class Engine:
         # The generator lower-cases unquoted identifiers as it prints, as
         # normalize_identifiers does for PostgreSQL, without copying and walking the tree.
         normalized = statement.ast.sql("postgres", normalize=True)
+        self.remember_normalized(statement, normalized)
+        return normalized
+
+    def remember_normalized(self, statement: Statement, normalized: str) -> None:
+        """Remember the normalized query of a statement (printed along with its shape)."""
+        memo = _memo_key(statement)
         with self._lock:
             self._normalized[memo] = normalized
+            self._normalized.move_to_end(memo)
             if len(self._normalized) > REWRITE_CACHE_SIZE:
                 self._normalized.popitem(last=False)
-        return normalized
 
     def rewritten(self, plan: QueryPlan) -> Rewritten:
         """The backend statement for a plan, cached by normalized query: it depends only on
@@ -382,14 +388,14 @@ class Session:
             return self._plan(statement), None
         shape = lift(ast)  # in place: the statement's bound tree is its own copy
         values = tuple(parameter_value(v) for v in shape.values)
+        # printed with the shape, so the answer cache's key needs no printing of its own
+        self.engine.remember_normalized(statement, shape.normalized)
         cached = self.engine.shape(self.analyst.name, shape.key)
         if cached is not None:
             analysis, rewritten = cached
             # Everything but the WHERE literals (which the statement carries as parameters)
-            # and the text is the shape's, accepted for every value of them. (Without
-            # slots, the shape's SQL is the statement's text.)
-            text = ast.sql("postgres") if values else shape.sql
-            return plan_query(replace(analysis, statement=text), self.options), \
+            # and the text is the shape's, accepted for every value of them.
+            return plan_query(replace(analysis, statement=shape.text), self.options), \
                 (rewritten, values)
         planned = self._plan(statement)  # the slots are literals to the analyzer
         if isinstance(planned, QueryPlan) and planned.reads_data \

@@ -9,6 +9,7 @@ functions, operators, literals in places where their value matters) do not.
 
 from __future__ import annotations
 
+import contextlib
 import doctest
 from typing import Any
 
@@ -297,3 +298,33 @@ def test_a_query_without_slots_reuses_its_analysis_under_other_options(
     assert planned.analysis.statement == fresh.analysis.statement
     alice.set_option("epsilon", 0.1)
     _same_plan(alice._shaped_plan(parse_statements(sql)[0])[0], fresh)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("sql", [
+    'SELECT "Sex", COUNT(*) AS "N" FROM Adult AS A WHERE A.Age > 5 AND "Age" < 7.5 GROUP BY "Sex"',
+    "SELECT occupation, AVG(hours_per_week) FROM ADULT WHERE Capital_Gain BETWEEN 1 AND 2 "
+    "GROUP BY Occupation ORDER BY 2 DESC LIMIT 3",
+    'SELECT COUNT(*) FROM adult WHERE sex = \'a\x00b\' AND age IN (1, -2, 3) AND "ÄgE" > 4',
+    "SELECT COUNT(*) AS \"0:x\" FROM adult WHERE age > 5 AND sex <> '\x000:0\x00'",
+    'SELECT "select", MAX(Äge) FROM "Adult" WHERE "select" > 1 GROUP BY 1',
+    "SELECT MEDIAN(Age) FROM adult",
+])
+def test_one_print_gives_the_shape_the_text_and_the_normalized_text(engine: Engine,
+                                                                    sql: str) -> None:
+    """`lift` prints once, with marks, what three prints gave: the shape's SQL, the query's
+    SQL (for the ledger and audit log) and its normalized SQL (the answer cache's key),
+    even for a query whose own text holds the mark character."""
+    statement = parse_statements(sql)[0]
+    assert statement.ast is not None
+    tree = statement.ast.copy()
+    shape = shapes.lift(tree)
+    assert shape.text == tree.sql("postgres")
+    assert shape.normalized == tree.sql("postgres", normalize=True)
+    assert shape.sql == shapes._ShapeGenerator(dialect=shapes._POSTGRES, marks=False
+                                               ).generate(tree, copy=True)
+    assert shape.key.startswith(shape.sql + "\x00")
+    assert "$slot" not in shape.text and (("$slot" in shape.sql) == bool(shape.values))
+    # the session keys the answer cache on the normalized text printed with the shape
+    with contextlib.suppress(errors.Error):  # refused or not: the key is remembered first
+        engine.session("alice")._shaped_plan(statement)
+    assert engine.normalized_query(statement) == shape.normalized

@@ -482,7 +482,10 @@ class Session:
             raise
         released = release(plan, exact_rows)
         del exact_rows
-        result = self._result(released, plan, self.remaining())
+        # the analyst's budget as this charge left it, read in the charge's transaction
+        after = charge.status(analyst_account(self.analyst.name))
+        result = self._result(released, plan,
+                              after.remaining if after is not None else self.remaining())
         # Stored before it is returned: a repeat can only ever see this answer.
         self.engine.ledger.store_answer(self.analyst.name, key, charge.charge_id,
                                         _answer_json(result))

@@ -597,6 +597,36 @@ def test_budget_window_renews_spending(ledger_at: LedgerAt,
         assert len(ledger.history(ALICE)) == 11  # history is kept across windows
 
 
+@pytest.mark.parametrize("accounting", ["basic", "zcdp"])
+def test_a_charge_returns_each_account_as_it_left_it(
+        ledger_at: LedgerAt, accounting: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The statuses a charge returns (read in its own transaction, so a session needs no
+    second read for the budget left) are what `status` reads right after it, through a
+    window's renewal too."""
+    import dpproxy.accountant as accountant
+
+    clock = [1_700_000_000.0]
+    monkeypatch.setattr(accountant.time, "time", lambda: clock[0])
+    budgets = {ALICE: Cost(3.0, 1e-5), ADULT: Cost(2.0, 1e-5)}
+    with ledger_at("s.db", budgets, accounting=accounting, window="daily") as ledger:
+        for step, loss in enumerate([Loss(0.25, 1e-7), Loss(0.5, 1e-6, rho=0.02),
+                                     Loss(0.125, 0.0, rho=0.01, zcdp_delta=0.0)]):
+            if step == 2:
+                clock[0] += 2 * 3600  # past midnight: the charge renews both windows
+            charge = ledger.charge([ALICE, ADULT], loss, analyst="alice", statement="q")
+            assert [s.account for s in charge.statuses] == [ALICE, ADULT]
+            for account in (ALICE, ADULT):
+                assert charge.status(account) == ledger.status(account)
+            assert charge.status("analyst:bob") is None
+        assert charge.status(ALICE).spent.epsilon == pytest.approx(  # type: ignore[union-attr]
+            0.125 if accounting == "basic" else zcdp_epsilon(0.01, 1e-5))
+        # a refused charge returns nothing and leaves no transaction open
+        with pytest.raises(BudgetExceeded):
+            ledger.charge([ALICE], Cost(5.0), analyst="alice", statement="q")
+        assert ledger.charge([ALICE], Cost(0.5), analyst="alice",
+                             statement="q").status(ALICE) == ledger.status(ALICE)
+
+
 def test_window_starts() -> None:
     from dpproxy.accountant import window_start_at
 

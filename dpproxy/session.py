@@ -247,6 +247,7 @@ class Engine:
             self._closed = True
         self.ledger.close()
         self.backend.close()
+        self.audit.close()
 
     def __enter__(self) -> Engine:
         return self

@@ -269,6 +269,8 @@ class Session:
             self.set_option(name, value)
         self.client_settings: dict[str, str] = {}
         self._last_loss: Loss | None = None
+        # (options, data version, the answer key's JSON after its query: see _cache_key)
+        self._key_parts: tuple[QueryOptions, str, str] | None = None
 
     # options --------------------------------------------------------------------------------
     def set_option(self, name: str, value: Any) -> None:
@@ -497,10 +499,17 @@ class Session:
 
     def _cache_key(self, statement: Statement) -> str:
         """Same normalized query, options, policy version and data: same key."""
-        parts = [self.engine.normalized_query(statement), asdict(self.options),
-                 self.engine.policy.version, self.engine.backend.data_version(),
-                 self.engine.ledger.accounting]
-        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+        # The key hashes json.dumps([query, options, version, data, accounting],
+        # sort_keys=True); all but the query are printed once per options and data version.
+        data = self.engine.backend.data_version()
+        printed = self._key_parts
+        if printed is None or printed[0] is not self.options or printed[1] != data:
+            rest = [asdict(self.options), self.engine.policy.version, data,
+                    self.engine.ledger.accounting]
+            printed = self._key_parts = (self.options, data,
+                                         json.dumps(rest, sort_keys=True)[1:])
+        text = f"[{json.dumps(self.engine.normalized_query(statement))}, {printed[2]}"
+        return hashlib.sha256(text.encode()).hexdigest()
 
     def _wait_for_answer(self, key: str) -> str | None:
         """The stored answer; waits while another session is computing it."""

@@ -271,6 +271,29 @@ def test_the_answer_key_is_the_query_with_identifiers_normalized(engine: Engine,
     assert engine.normalized_query(statement) == expected
 
 
+def test_the_answer_key_hashes_the_query_options_versions_and_accounting(
+        engine: Engine) -> None:
+    """The key is the hash of one JSON list (so answers stored before stay found); all but
+    the query are printed once per options."""
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    alice = engine.session("alice")
+    statement = parse_statements("SELECT COUNT(*) FROM Adult WHERE age > 30")[0]
+    keys = []
+    for setting in [None, ("epsilon", 0.5), ("split", "1, 3"), ("mechanism", "gaussian")]:
+        if setting is not None:
+            alice.set_option(*setting)
+        parts = [engine.normalized_query(statement), asdict(alice.options),
+                 engine.policy.version, engine.backend.data_version(),
+                 engine.ledger.accounting]
+        expected = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+        assert alice._cache_key(statement) == alice._cache_key(statement) == expected
+        keys.append(expected)
+    assert len(set(keys)) == len(keys)
+
+
 @pytest.mark.parametrize("sql", [
     "SELECT occupation, COUNT(*), AVG(age) FROM adult GROUP BY occupation",
     "SELECT sex, SUM(hours_per_week * 52) AS h FROM adult WHERE sex = 'Male' GROUP BY sex",

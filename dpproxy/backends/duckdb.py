@@ -117,6 +117,8 @@ class DuckDBBackend:
         # the file; the settings hold for the whole database instance.
         self._path = path
         self._connection = duckdb.connect(str(path), read_only=True)
+        stat = path.stat()  # after connecting: from now on the file is fixed
+        self._version = f"{stat.st_size}:{stat.st_mtime_ns}"
         locked = self._connection.execute(
             "SELECT current_setting('lock_configuration')").fetchone()
         if not (locked and locked[0]):  # another engine in this process may have locked it
@@ -198,8 +200,9 @@ class DuckDBBackend:
         return check.holds(observed)
 
     def data_version(self) -> str:
-        stat = self._path.stat()
-        return f"{stat.st_size}:{stat.st_mtime_ns}"
+        """The file's size and modification time when opened: the data cannot change while
+        the backend holds it open (see the module docstring), so it is read once."""
+        return self._version
 
     def close(self) -> None:
         self._connection.close()

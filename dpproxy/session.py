@@ -14,7 +14,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from .accountant import (
 from .analyze import Analysis, ConstantQuery, analyze
 from .audit import AuditLog, AuditRecord
 from .backends import Backend, open_backend
-from .parse import Parameters, Statement, parse_statements
+from .parse import Parameters, Statement, bind_parameters, parse_statements
 from .plan import QueryOptions, QueryPlan, format_split, parse_split, plan_query
 from .policy import AnalystPolicy, Policy, env_password, load_policy
 from .postprocess import evaluate
@@ -80,11 +80,19 @@ class Result:
 
 
 def _answer_json(result: Result) -> str:
+    # each accuracy's fields as they are (asdict's deep copy is slow); a nested dataclass,
+    # should one appear, is converted when met
     return json.dumps({
         "columns": result.columns, "rows": result.rows, "tag": result.tag,
         "types": result.types, "intervals": result.intervals,
-        "accuracy": [asdict(a) if a is not None else None for a in result.accuracy],
-    })
+        "accuracy": [vars(a) if a is not None else None for a in result.accuracy],
+    }, default=_dataclass_json)
+
+
+def _dataclass_json(value: object) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def _result_from_json(text: str) -> Result:
@@ -98,7 +106,15 @@ def _result_from_json(text: str) -> Result:
 
 
 def _memo_key(statement: Statement) -> tuple[str, str]:
-    return (statement.text, json.dumps(_typed_parameters(statement.params)))
+    last = getattr(_last_memo, "key", None)  # a statement is looked up several times in turn
+    if last is not None and last[0] is statement:
+        return last[1]  # type: ignore[no-any-return]
+    key = (statement.text, json.dumps(_typed_parameters(statement.params)))
+    _last_memo.key = (statement, key)
+    return key
+
+
+_last_memo = threading.local()
 
 
 def _typed_parameters(params: Parameters) -> list[Any]:
@@ -271,6 +287,8 @@ class Session:
         self._last_loss: Loss | None = None
         # (options, data version, the answer key's JSON after its query: see _cache_key)
         self._key_parts: tuple[QueryOptions, str, str] | None = None
+        # the statement being run and its normalized query, printed with its shape
+        self._printed: tuple[Statement, str] | None = None
 
     # options --------------------------------------------------------------------------------
     def set_option(self, name: str, value: Any) -> None:
@@ -389,9 +407,15 @@ class Session:
         ast = statement.ast
         if not SHAPE_CACHE or not isinstance(ast, exp.Select) or self.analyst.budget is None:
             return self._plan(statement), None
-        shape = lift(ast)  # in place: the statement's bound tree is its own copy
+        # Marked in place (the statement's bound tree is its own copy) and, when the tree
+        # can be bound afresh from its template, printed without a copy: the print may
+        # rewrite it, but a query of a cached shape is done with its tree, and any other
+        # is analysed on a new binding.
+        rebind = statement.template is not None
+        shape = lift(ast, copy=not rebind)
         values = tuple(parameter_value(v) for v in shape.values)
         # printed with the shape, so the answer cache's key needs no printing of its own
+        self._printed = (statement, shape.normalized)
         self.engine.remember_normalized(statement, shape.normalized)
         cached = self.engine.shape(self.analyst.name, shape.key)
         if cached is not None:
@@ -400,6 +424,13 @@ class Session:
             # and the text is the shape's, accepted for every value of them.
             return plan_query(replace(analysis, statement=shape.text), self.options), \
                 (rewritten, values)
+        if rebind:
+            assert statement.template is not None
+            statement = replace(statement, ast=bind_parameters(
+                statement.template, statement.params, copy=True))
+            ast = statement.ast
+            assert isinstance(ast, exp.Select)
+            shape = lift(ast)
         planned = self._plan(statement)  # the slots are literals to the analyzer
         if isinstance(planned, QueryPlan) and planned.reads_data \
                 and intact(planned.analysis.where, shape.values, planned.analysis.table):
@@ -508,7 +539,10 @@ class Session:
                     self.engine.ledger.accounting]
             printed = self._key_parts = (self.options, data,
                                          json.dumps(rest, sort_keys=True)[1:])
-        text = f"[{json.dumps(self.engine.normalized_query(statement))}, {printed[2]}"
+        shaped = self._printed
+        query = shaped[1] if shaped is not None and shaped[0] is statement \
+            else self.engine.normalized_query(statement)
+        text = f"[{json.dumps(query)}, {printed[2]}"
         return hashlib.sha256(text.encode()).hexdigest()
 
     def _wait_for_answer(self, key: str) -> str | None:

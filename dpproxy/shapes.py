@@ -144,9 +144,11 @@ def _bare_column(node: exp.Expression | None) -> bool:
     return isinstance(node, exp.Column) and not isinstance(node.this, exp.Star)
 
 
-def lift(select: exp.Expression) -> Shape:
+def lift(select: exp.Expression, *, copy: bool = True) -> Shape:
     """Mark, in place, each liftable literal of `select`'s WHERE as a slot; the shape.
-    (`select` must be the caller's own tree: a bound query is a fresh copy.)"""
+    (`select` must be the caller's own tree: a bound query is a fresh copy.) Without
+    `copy`, the tree is printed as it is, and the printer may rewrite it: for a caller
+    done with it."""
     where = select.args.get("where") if isinstance(select, exp.Select) else None
     values: list[str] = []
     if where is not None:
@@ -154,12 +156,10 @@ def lift(select: exp.Expression) -> Shape:
             if _liftable(node):
                 node.meta[SLOT] = len(values)  # the node stays a literal: it types as one
                 values.append(node.this)
-    generator = _ShapeGenerator(dialect=_POSTGRES)
-    # a copy: the generator may rewrite parts of the tree it prints, and this one is yet
-    # to be analysed
-    marked = generator.generate(select, copy=True)
     names = [output_name(item) for item in select.expressions] \
         if isinstance(select, exp.Select) else []
+    generator = _ShapeGenerator(dialect=_POSTGRES)
+    marked = generator.generate(select, copy=copy)
     texts = _fill(marked, generator.pieces)
     if texts is None:  # a mark character in the query's own text, or a piece printed twice
         sql = _ShapeGenerator(dialect=_POSTGRES, marks=False).generate(select, copy=True)

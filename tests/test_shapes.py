@@ -346,8 +346,30 @@ def test_one_print_gives_the_shape_the_text_and_the_normalized_text(engine: Engi
     assert shape.sql == shapes._ShapeGenerator(dialect=shapes._POSTGRES, marks=False
                                                ).generate(tree, copy=True)
     assert shape.key.startswith(shape.sql + "\x00")
+    assert shapes.lift(statement.ast.copy(), copy=False) == shape  # printed without a copy
     assert "$slot" not in shape.text and (("$slot" in shape.sql) == bool(shape.values))
     # the session keys the answer cache on the normalized text printed with the shape
     with contextlib.suppress(errors.Error):  # refused or not: the key is remembered first
         engine.session("alice")._shaped_plan(statement)
     assert engine.normalized_query(statement) == shape.normalized
+
+
+def test_a_stored_answer_is_the_json_it_always_was(alice: Session) -> None:
+    """The answer cache stores accuracies field by field (not through asdict's deep copy):
+    the same JSON, read back to the same result."""
+    import json
+    from dataclasses import asdict
+
+    from dpproxy.session import _answer_json, _result_from_json
+
+    result = alice.execute("SELECT sex, COUNT(*), AVG(age) FROM adult GROUP BY sex")
+    assert result.accuracy[0] is None and None not in result.accuracy[1:]  # the key has none
+    expected = json.dumps({
+        "columns": result.columns, "rows": result.rows, "tag": result.tag,
+        "types": result.types, "intervals": result.intervals,
+        "accuracy": [asdict(a) if a is not None else None for a in result.accuracy]})
+    assert _answer_json(result) == expected
+    again = _result_from_json(_answer_json(result))
+    assert (again.rows, again.accuracy, again.intervals) == (
+        [tuple(r) for r in json.loads(json.dumps(result.rows))], result.accuracy,
+        result.intervals)

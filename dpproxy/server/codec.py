@@ -719,6 +719,15 @@ class NoticeResponse(ErrorResponse):
                     (MESSAGE, message)))
 
 
+_NOTICE_HEAD = b"".join(k.encode("ascii") + _cstr(v) for k, v in (
+    (SEVERITY, "NOTICE"), (SEVERITY_V, "NOTICE"), (SQLSTATE, "00000"))) + MESSAGE.encode()
+
+
+def notice_bytes(message: str) -> bytes:
+    """`NoticeResponse.notice(message).encode()`, without building the message object."""
+    return _frame(b"N", _NOTICE_HEAD + _cstr(message) + b"\x00")
+
+
 @dataclass(frozen=True)
 class ParseComplete(Message):
     code: ClassVar[bytes] = b"1"

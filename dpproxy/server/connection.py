@@ -46,7 +46,6 @@ from .codec import (
     Message,
     NegotiateProtocolVersion,
     NoData,
-    NoticeResponse,
     ParameterDescription,
     ParameterStatus,
     Parse,
@@ -131,7 +130,7 @@ class Portal:
 @dataclass(frozen=True)
 class _Shape:
     fields: tuple[Field, ...]
-    encoders: list[Callable[[Any], bytes | None]]
+    encoders: tuple[Callable[[Any], bytes | None], ...]
 
 
 _DUMMY_VALUES: dict[int, Any] = {
@@ -158,12 +157,20 @@ def _formats(codes: Sequence[int], count: int) -> list[int]:
 
 
 def _columns(names: Sequence[str], types: Sequence[str], formats: Sequence[int]) -> _Shape:
+    """The fields and encoders of a result's columns (the same few shapes come again and
+    again: remembered)."""
+    return _column_shape(tuple(names), tuple(types), tuple(formats))
+
+
+@functools.lru_cache(maxsize=256)
+def _column_shape(names: tuple[str, ...], types: tuple[str, ...], formats: tuple[int, ...]
+                  ) -> _Shape:
     fields, encoders = [], []
     for i, name in enumerate(names):
         pg = codec.pg_type(types[i] if i < len(types) else "text")
         fields.append(Field(name, pg.oid, pg.size, formats[i]))
         encoders.append(codec.value_encoder(pg.oid, formats[i]))
-    return _Shape(tuple(fields), encoders)
+    return _Shape(tuple(fields), tuple(encoders))
 
 
 def _loopback(peer: Any) -> bool:
@@ -502,17 +509,29 @@ class ClientConnection:
         timeout = self.server.settings.statement_timeout_s or None
         deadline = self._loop.time() + timeout if timeout else None
         while True:
-            waiting: set[asyncio.Future[Any]] = {future}
-            if not self._eof:
-                waiting.add(self._pending_read())
-            remaining = None if deadline is None else max(0.0, deadline - self._loop.time())
-            done, _ = await asyncio.wait(waiting, timeout=remaining,
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if future in done:
+            read = None if self._eof else self._pending_read()
+            if not future.done() and not (read is not None and read.done()):
+                # woken by whichever comes first: the result, the client, the deadline
+                waiter = self._loop.create_future()
+                wake = functools.partial(_wake, waiter)
+                future.add_done_callback(wake)
+                if read is not None:
+                    read.add_done_callback(wake)
+                timer = self._loop.call_at(deadline, wake, None) if deadline is not None \
+                    else None
+                try:
+                    await waiter
+                finally:
+                    future.remove_done_callback(wake)
+                    if read is not None:
+                        read.remove_done_callback(wake)
+                    if timer is not None:
+                        timer.cancel()
+            if future.done():
                 if job.cancelled and not job.charged:
                     raise QueryCanceled(job.reason, detail="nothing was charged")
                 return future.result()
-            if self._read_task is not None and self._read_task in done:
+            if read is not None and read.done():
                 self._consume_read()
                 if self._eof:
                     # The client left mid-statement: stop it unless it is being charged.
@@ -596,7 +615,7 @@ class ClientConnection:
 
     def _send_notices(self, result: Result) -> None:
         for note in result.notices:
-            self._send(NoticeResponse.notice(note))
+            self._out += codec.notice_bytes(note)
 
     async def _send_rows(self, rows: Sequence[Sequence[Any]], columns: _Shape) -> None:
         encoders = columns.encoders
@@ -843,6 +862,11 @@ class ClientConnection:
         else:
             tag = f"SELECT {len(rows)}" if result.tag.startswith("SELECT ") else result.tag
             self._send(CommandComplete(tag))
+
+
+def _wake(waiter: asyncio.Future[None], _: object) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

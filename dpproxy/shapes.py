@@ -84,8 +84,8 @@ class _ShapeGenerator(Postgres.Generator):  # type: ignore[misc]
 
     def identifier_sql(self, expression: exp.Identifier) -> str:
         plain = super().identifier_sql(expression)
-        if expression.quoted:
-            return plain
+        if expression.quoted or expression.name == expression.name.lower():
+            return plain  # normalizing changes nothing
         # `normalize` changes nothing but an unquoted identifier's case (as in PostgreSQL)
         self.normalize = True
         try:

@@ -647,6 +647,15 @@ class DataRow(Message):
         return cls(tuple(values))
 
 
+def data_row_bytes(values: Sequence[bytes | None]) -> bytes:
+    """`DataRow(values).encode()`, without building the message object."""
+    parts = [_I16.pack(len(values))]
+    for v in values:
+        parts.append(b"\xff\xff\xff\xff" if v is None else _I32.pack(len(v)) + v)
+    body = b"".join(parts)
+    return b"D" + _I32.pack(len(body) + 4) + body
+
+
 @dataclass(frozen=True)
 class CommandComplete(Message):
     code: ClassVar[bytes] = b"C"

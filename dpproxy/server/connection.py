@@ -34,7 +34,6 @@ from .codec import (
     CopyData,
     CopyDone,
     CopyFail,
-    DataRow,
     Describe,
     EmptyQueryResponse,
     ErrorResponse,
@@ -620,7 +619,8 @@ class ClientConnection:
     async def _send_rows(self, rows: Sequence[Sequence[Any]], columns: _Shape) -> None:
         encoders = columns.encoders
         for row in rows:
-            self._send(DataRow(tuple(enc(v) for enc, v in zip(encoders, row, strict=True))))
+            self._out += codec.data_row_bytes(
+                [enc(v) for enc, v in zip(encoders, row, strict=True)])
             if len(self._out) > FLUSH_AT:
                 await self._flush()
 

@@ -233,6 +233,9 @@ class CachedAnswer:
     answer: str | None  # None: claimed, not stored yet
     at: float
     charge_id: str
+    # with `lookup_answer(…, status_of=account)` and a stored answer: that account's
+    # status, read in the same transaction
+    status: AccountStatus | None = field(default=None, compare=False)
 
 
 class _CostLike(Protocol):  # Cost, or policy.Budget which has the same two fields
@@ -958,17 +961,22 @@ class Ledger:
         # the stored answer, written without its own fsync): charging a repeat again is
         # safe, since the claim was committed with the first charge
 
-    def lookup_answer(self, analyst: str, key: str) -> CachedAnswer | None:
-        """The stored (or claimed, answer None) answer for the analyst's cache key."""
+    def lookup_answer(self, analyst: str, key: str, *, status_of: str | None = None
+                      ) -> CachedAnswer | None:
+        """The stored (or claimed, answer None) answer for the analyst's cache key; with
+        `status_of`, a stored answer comes with that account's status (one read)."""
+        status = None
         with self._read() as db:
             row = db.execute("SELECT answer, at, charge_id FROM answers WHERE analyst = ? AND"
                              " cache_key = ?", (analyst, key)).fetchone()
+            if row is not None and row[0] is not None and status_of is not None:
+                status = self._status(db, status_of)
         if row is None:
             return None
         answer, at, charge_id = row
         if answer is None and time.time() - at >= STALE_CLAIM_S:
             return None
-        return CachedAnswer(answer, at, charge_id)
+        return CachedAnswer(answer, at, charge_id, status)
 
     def store_answer(self, analyst: str, key: str, charge_id: str, answer: str) -> None:
         """Store the released answer of a claimed key before it is returned.

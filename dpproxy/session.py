@@ -24,6 +24,7 @@ from . import errors
 from .accountant import (
     AccountStatus,
     AnswerAvailable,
+    CachedAnswer,
     Cost,
     Ledger,
     Loss,
@@ -545,28 +546,35 @@ class Session:
         text = f"[{json.dumps(query)}, {printed[2]}"
         return hashlib.sha256(text.encode()).hexdigest()
 
-    def _wait_for_answer(self, key: str) -> str | None:
-        """The stored answer; waits while another session is computing it."""
+    def _wait_for_answer(self, key: str) -> CachedAnswer | None:
+        """The stored answer, with the analyst's budget status read along; waits while
+        another session is computing it."""
         deadline = time.monotonic() + CACHE_WAIT_S
         while True:
-            cached = self.engine.ledger.lookup_answer(self.analyst.name, key)
+            cached = self.engine.ledger.lookup_answer(
+                self.analyst.name, key, status_of=analyst_account(self.analyst.name))
             if cached is None:
                 return None
             if cached.answer is not None:
-                return cached.answer
+                return cached
             if time.monotonic() > deadline:
                 raise errors.OperationalError(
                     "an identical query by the same analyst is still being answered",
                     hint="retry in a moment: repeats of a query return its first answer")
             time.sleep(0.02)
 
-    def _cached_result(self, statement: str, answer: str, names: tuple[str, ...]) -> Result:
-        result = _result_from_json(answer)
+    def _cached_result(self, statement: str, answer: str | CachedAnswer,
+                       names: tuple[str, ...]) -> Result:
+        stored = answer if isinstance(answer, CachedAnswer) else None
+        text = answer if isinstance(answer, str) else answer.answer
+        assert text is not None
+        result = _result_from_json(text)
         # Output names are not part of what an answer measures: name the columns as this
         # query does (the stored answer carries the names of the query that paid for it).
         result.columns = names
         result.cost = None
-        result.remaining = self.remaining()
+        result.remaining = stored.status.remaining \
+            if stored is not None and stored.status is not None else self.remaining()
         result.notices = [*(a.describe() for a in result.accuracy if a is not None),
                           "repeated query: its first answer, at no further cost",
                           f"budget left: ε={result.remaining.epsilon:.6g}, "

@@ -661,6 +661,23 @@ def test_claimed_answer_is_charged_once(ledger_at: LedgerAt) -> None:
         assert ledger.lookup_answer("bob", "k") is None  # answers are per analyst
 
 
+def test_a_stored_answer_is_read_with_the_budget_status(ledger_at: LedgerAt) -> None:
+    """A repeat reads its answer and the analyst's budget in one transaction."""
+    with ledger_at("c.db", {ALICE: Cost(1.0)}) as ledger:
+        charge = ledger.charge([ALICE], Cost(0.25), analyst="alice", statement="q", claim="k")
+        pending = ledger.lookup_answer("alice", "k", status_of=ALICE)
+        assert pending is not None and pending.answer is None and pending.status is None
+        ledger.store_answer("alice", "k", charge.charge_id, "[1]")
+        ledger.charge([ALICE], Cost(0.5), analyst="alice", statement="q2")
+        found = ledger.lookup_answer("alice", "k", status_of=ALICE)
+        assert found is not None and found.answer == "[1]"
+        assert found.status == ledger.status(ALICE) and found.status.spent == Cost(0.75)
+        plain = ledger.lookup_answer("alice", "k")
+        assert plain is not None and plain.status is None and plain == found
+        with pytest.raises(UndefinedObject):
+            ledger.lookup_answer("alice", "k", status_of="analyst:nobody")
+
+
 def test_dropped_claim_can_be_charged_again(ledger_at: LedgerAt) -> None:
     with ledger_at("d.db", {ALICE: Cost(1.0)}) as ledger:
         charge = ledger.charge([ALICE], Cost(0.25), analyst="alice", statement="q", claim="k")

@@ -172,6 +172,13 @@ def _column_shape(names: tuple[str, ...], types: tuple[str, ...], formats: tuple
     return _Shape(tuple(fields), tuple(encoders))
 
 
+@functools.lru_cache(maxsize=1024)
+def _statement_texts(sql: str) -> tuple[str, ...]:
+    """The statements of a string (`split_statements`), remembered by text: clients parse
+    the same few strings again and again."""
+    return tuple(piece[0] for piece in split_statements(sql))
+
+
 def _loopback(peer: Any) -> bool:
     try:
         return ipaddress.ip_address(peer[0]).is_loopback
@@ -210,6 +217,7 @@ class ClientConnection:
         self._reader, self._writer = reader, writer
         self._loop = asyncio.get_running_loop()
         self._buffer = bytearray()
+        self._peeked: tuple[Any, int] | None = None  # the buffer's first message, parsed
         self._out = bytearray()
         self._read_task: asyncio.Future[bytes] | None = None
         self._eof = False
@@ -266,7 +274,10 @@ class ClientConnection:
     async def _next_message(self, parse: Callable[[bytearray], tuple[Any, int]],
                             timeout: float | None) -> Any:
         while True:
-            message, used = parse(self._buffer)
+            if self._peeked is not None and parse is codec.parse_frontend:
+                (message, used), self._peeked = self._peeked, None  # read by a peek
+            else:
+                message, used = parse(self._buffer)
             if message is not None:
                 del self._buffer[:used]
                 return message
@@ -279,12 +290,29 @@ class ClientConnection:
             read = self._pending_read()
             self._idle = not self._buffer
             try:
-                done, _ = await asyncio.wait({read}, timeout=timeout)
+                done = await self._await_read(read, timeout)
             finally:
                 self._idle = False
             if not done:
                 raise IdleTimeout
             self._consume_read()
+
+    async def _await_read(self, read: asyncio.Future[bytes], timeout: float | None) -> bool:
+        """Wait at most `timeout` seconds for the pending read (never cancelling it);
+        whether it is done."""
+        if not read.done():
+            waiter = self._loop.create_future()
+            wake = functools.partial(_wake, waiter)
+            read.add_done_callback(wake)
+            timer = self._loop.call_later(timeout, wake, None) if timeout is not None \
+                else None
+            try:
+                await waiter
+            finally:
+                read.remove_done_callback(wake)
+                if timer is not None:
+                    timer.cancel()
+        return read.done()
 
     # lifecycle --------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -664,7 +692,7 @@ class ClientConnection:
         self._statements.pop("", None)
         self._portals.pop("", None)
         try:
-            pieces = [piece[0] for piece in split_statements(sql)]
+            pieces = list(_statement_texts(sql))
             if len(pieces) > 1:
                 await self._check_multi(pieces)
         except errors.Error as exc:
@@ -733,11 +761,11 @@ class ClientConnection:
     def _parse(self, message: Parse) -> None:
         if message.name and message.name in self._statements:
             raise ServerError("42P05", f"prepared statement \"{message.name}\" already exists")
-        pieces = split_statements(message.sql)
-        if len(pieces) > 1:
+        texts = _statement_texts(message.sql)
+        if len(texts) > 1:
             raise errors.SyntaxError("cannot insert multiple commands into a prepared "
                                      "statement")
-        text = pieces[0][0] if pieces else ""
+        text = texts[0] if texts else ""
         declared = message.param_oids
         count = max(paramtypes.count_parameters(text), len(declared))
         oids = list(declared) + [0] * (count - len(declared))
@@ -794,9 +822,12 @@ class ClientConnection:
         """Whether the client already sent Execute for this portal right after Describe
         (psycopg pipelines both): then the statement runs once, not described and run."""
         try:
-            following, _ = codec.parse_frontend(self._buffer)
+            peeked = codec.parse_frontend(self._buffer)
         except ProtocolViolation:
             return False
+        following = peeked[0]
+        if following is not None:
+            self._peeked = peeked  # the front of the buffer: the next read takes it as is
         return isinstance(following, Execute) and following.portal == portal
 
     async def _describe(self, message: Describe) -> None:

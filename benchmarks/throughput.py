@@ -16,7 +16,8 @@ ratio. Latency percentiles are per query, as the client sees them.
 Then an A/B table, measured side by side in the same run (the machine may be shared,
 so only ratios within one run mean much): the distinct mix at the largest client count
 through servers with the throughput work switched off step by step (one worker, no
-group commit / fsync-free answers, no parse cache, no shape cache) and fully on.
+group commit / fsync-free answers, no parse cache, no shape cache, no prepared DuckDB
+statements) and fully on.
 
     python benchmarks/throughput.py [--seconds 10] [--clients 1,4,16] [--workers auto|N]
 
@@ -84,12 +85,15 @@ def benchmark_policy(folder: Path, name: str) -> Path:
 VARIANTS: list[tuple[str, str, dict[str, str]]] = [
     ("before: 1 worker, fsync'd answers, no group commit, no parse cache", "1",
      {"DPPROXY_LEDGER_FAST_COMMITS": "off", "DPPROXY_PARSE_CACHE": "off",
-      "DPPROXY_FAST_REPEATS": "off", "DPPROXY_SHAPE_CACHE": "off"}),
+      "DPPROXY_FAST_REPEATS": "off", "DPPROXY_SHAPE_CACHE": "off", "DPPROXY_PREPARED": "off"}),
     ("+ parse cache", "1", {"DPPROXY_LEDGER_FAST_COMMITS": "off",
-                            "DPPROXY_FAST_REPEATS": "off", "DPPROXY_SHAPE_CACHE": "off"}),
+                            "DPPROXY_FAST_REPEATS": "off", "DPPROXY_SHAPE_CACHE": "off",
+                            "DPPROXY_PREPARED": "off"}),
     ("+ group commit, fsync-free answers, repeats looked up first (1 worker)", "1",
-     {"DPPROXY_SHAPE_CACHE": "off"}),
-    ("+ shape cache: one analysis and rewrite per query shape (1 worker)", "1", {}),
+     {"DPPROXY_SHAPE_CACHE": "off", "DPPROXY_PREPARED": "off"}),
+    ("+ shape cache: one analysis and rewrite per query shape (1 worker)", "1",
+     {"DPPROXY_PREPARED": "off"}),
+    ("+ prepared DuckDB statements (1 worker)", "1", {}),
     ("+ worker processes, one per core (all on)", "auto", {}),
 ]
 

@@ -51,7 +51,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -233,6 +233,9 @@ class CachedAnswer:
     answer: str | None  # None: claimed, not stored yet
     at: float
     charge_id: str
+    # with `lookup_answer(…, status_of=account)` and a stored answer: that account's
+    # status, read in the same transaction
+    status: AccountStatus | None = field(default=None, compare=False)
 
 
 class _CostLike(Protocol):  # Cost, or policy.Budget which has the same two fields
@@ -270,6 +273,11 @@ class Charge:
     analyst: str
     statement: str  # normalized SQL of the query (never results)
     at: float  # unix time
+    # from `Ledger.charge`: each charged account's status right after this charge
+    statuses: tuple[AccountStatus, ...] = field(default=(), compare=False, repr=False)
+
+    def status(self, account: str) -> AccountStatus | None:
+        return next((s for s in self.statuses if s.account == account), None)
 
 
 @dataclass(frozen=True)
@@ -726,15 +734,20 @@ class Ledger:
     def _commit_batch(self, db: Any, batch: list[_Pending[Any]]) -> None:
         try:
             self._store.begin_write(db)
+            # a charge alone in its transaction is undone by undoing the transaction
+            alone = len(batch) == 1
             for pending in batch:
-                db.execute("SAVEPOINT dpproxy_charge")
+                if not alone:
+                    db.execute("SAVEPOINT dpproxy_charge")
                 try:
                     pending.result = pending.work(db)
                 except Exception as exc:  # this charge's own failure: undo it alone
                     pending.error = self._ledger_error(exc)
-                    db.execute("ROLLBACK TO SAVEPOINT dpproxy_charge")
-                db.execute("RELEASE SAVEPOINT dpproxy_charge")
-            db.execute("COMMIT")
+                    db.execute("ROLLBACK" if alone else "ROLLBACK TO SAVEPOINT dpproxy_charge")
+                if not alone:
+                    db.execute("RELEASE SAVEPOINT dpproxy_charge")
+            if db.in_transaction:  # not after the rollback of a lone failed charge
+                db.execute("COMMIT")
         except BaseException as exc:
             # Nothing of the batch is written: every caller gets an error, none a charge.
             failure = self._ledger_error(exc)
@@ -802,6 +815,10 @@ class Ledger:
     def _row(self, db: Any, account: str) -> tuple[Decimal, ...]:
         """(budget ε, budget δ, spent ε, spent δ, spent ρ, spent zCDP-outside δ), with spending
         before the current renewal window counted as zero."""
+        return self._row_and_start(db, account)[0]
+
+    def _row_and_start(self, db: Any, account: str) -> tuple[tuple[Decimal, ...], float | None]:
+        """`_row` and the account's window_start, read in one SELECT."""
         row = db.execute("SELECT budget_epsilon, budget_delta, spent_epsilon, spent_delta,"
                          " spent_rho, spent_zcdp_delta, window_start FROM accounts"
                          " WHERE account = ?", (account,)).fetchone()
@@ -814,31 +831,34 @@ class Ledger:
         values = tuple(Decimal(v) for v in row[:6])
         if self._expired(row[6]):
             values = (*values[:2], _ZERO, _ZERO, _ZERO, _ZERO)
-        return values
+        return values, row[6]
 
     def _expired(self, window_start: float | None) -> bool:
         if self.window == "never":
             return False
         return window_start is None or window_start < window_start_at(time.time(), self.window)
 
-    def _renew(self, db: Any, account: str) -> None:
-        """Start a new window for the account if its current one has ended (write path)."""
-        if self.window == "never":
-            return
-        (started,) = db.execute("SELECT window_start FROM accounts WHERE account = ?",
-                                (account,)).fetchone()
-        if self._expired(started):
-            now = window_start_at(time.time(), self.window)
-            db.execute("UPDATE accounts SET spent_epsilon = '0', spent_delta = '0',"
-                       " spent_rho = '0', spent_zcdp_delta = '0', window_start = ?"
-                       " WHERE account = ?", (now, account))
-            if started is not None:
-                self._admin_event(time.time(), "window", account, "renew", _ZERO, _ZERO)
+    def _renew(self, db: Any, account: str, started: float | None) -> float | None:
+        """Start a new window for the account if its current one (begun at `started`) has
+        ended (write path); the window's start afterwards."""
+        if self.window == "never" or not self._expired(started):
+            return started
+        now = window_start_at(time.time(), self.window)
+        db.execute("UPDATE accounts SET spent_epsilon = '0', spent_delta = '0',"
+                   " spent_rho = '0', spent_zcdp_delta = '0', window_start = ?"
+                   " WHERE account = ?", (now, account))
+        if started is not None:
+            self._admin_event(time.time(), "window", account, "renew", _ZERO, _ZERO)
+        return now
 
     def _status(self, db: Any, account: str) -> AccountStatus:
-        be, bd, se, sd, srho, szd = self._row(db, account)
-        (started,) = db.execute("SELECT window_start FROM accounts WHERE account = ?",
-                                (account,)).fetchone()
+        values, started = self._row_and_start(db, account)
+        return self._status_of(account, values, started)
+
+    def _status_of(self, account: str, values: Sequence[Decimal], started: float | None
+                   ) -> AccountStatus:
+        """The status of an account whose `_row` is `values` and window began at `started`."""
+        be, bd, se, sd, srho, szd = values
         if self.accounting == "zcdp":
             spent = Cost(_zcdp_spent_epsilon(srho, szd, bd), _num(szd))
         else:
@@ -873,11 +893,13 @@ class Ledger:
             self._store.lock_accounts(db, names)
             short: list[tuple[str, Decimal, Decimal]] = []
             new_spent: list[tuple[str, Decimal, Decimal, Decimal, Decimal]] = []
+            after: list[AccountStatus] = []
             delta_short = False
             for name in names:
-                self._row(db, name)  # raises for an unknown account before any write
-                self._renew(db, name)
-                be, bd, se, sd, srho, szd = self._row(db, name)
+                # raises for an unknown account before any write; spending before the
+                # current window reads as zero, and the window is renewed below
+                (be, bd, se, sd, srho, szd), started = self._row_and_start(db, name)
+                started = self._renew(db, name, started)
                 ne, nd = _UP.add(se, eps), _UP.add(sd, delta)
                 nrho, nzd = _UP.add(srho, rho), _UP.add(szd, zcdp_delta)
                 if self.accounting == "zcdp":
@@ -892,6 +914,7 @@ class Ledger:
                     short.append((name, *left))
                     delta_short = delta_short or over_delta
                 new_spent.append((name, ne, nd, nrho, nzd))
+                after.append(self._status_of(name, (be, bd, ne, nd, nrho, nzd), started))
             if short:
                 who = " and ".join(_label(n) for n, _, _ in short)
                 if len(short) == 1:
@@ -904,7 +927,7 @@ class Ledger:
                     f"δ={_fmt(delta)}; remaining {left_text}",
                     hint=_HINT_DELTA if delta_short else _HINT)
             charge = Charge(uuid.uuid4().hex, names, Cost(_num(eps), _num(delta)), analyst,
-                            statement, time.time())
+                            statement, time.time(), tuple(after))
             db.execute("INSERT INTO charges (charge_id, at, analyst, statement, epsilon, delta,"
                        " rho, zcdp_delta) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                        (charge.charge_id, charge.at, analyst, statement, str(eps), str(delta),
@@ -938,17 +961,22 @@ class Ledger:
         # the stored answer, written without its own fsync): charging a repeat again is
         # safe, since the claim was committed with the first charge
 
-    def lookup_answer(self, analyst: str, key: str) -> CachedAnswer | None:
-        """The stored (or claimed, answer None) answer for the analyst's cache key."""
+    def lookup_answer(self, analyst: str, key: str, *, status_of: str | None = None
+                      ) -> CachedAnswer | None:
+        """The stored (or claimed, answer None) answer for the analyst's cache key; with
+        `status_of`, a stored answer comes with that account's status (one read)."""
+        status = None
         with self._read() as db:
             row = db.execute("SELECT answer, at, charge_id FROM answers WHERE analyst = ? AND"
                              " cache_key = ?", (analyst, key)).fetchone()
+            if row is not None and row[0] is not None and status_of is not None:
+                status = self._status(db, status_of)
         if row is None:
             return None
         answer, at, charge_id = row
         if answer is None and time.time() - at >= STALE_CLAIM_S:
             return None
-        return CachedAnswer(answer, at, charge_id)
+        return CachedAnswer(answer, at, charge_id, status)
 
     def store_answer(self, analyst: str, key: str, charge_id: str, answer: str) -> None:
         """Store the released answer of a claimed key before it is returned.

@@ -6,11 +6,12 @@ It never holds a noiseless value, nor a backend error message (which may quote d
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 
 @dataclass(frozen=True)
@@ -26,9 +27,13 @@ class AuditRecord:
 
 
 class AuditLog:
+    """Appends records to its file, kept open between writes; a file moved away (rotated)
+    or deleted is noticed at the next write, which opens a new one at the path."""
+
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self._lock = threading.Lock()
+        self._file: TextIO | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -38,5 +43,29 @@ class AuditLog:
         entry: dict[str, Any] = {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                  **{k: v for k, v in record.__dict__.items() if v is not None}}
         line = json.dumps(entry, ensure_ascii=False, separators=(",", ":")) + "\n"
-        with self._lock, self.path.open("a", encoding="utf-8") as f:
+        with self._lock:
+            f = self._open()
             f.write(line)
+            f.flush()  # each record reaches the file before the statement's answer
+
+    def _open(self) -> TextIO:
+        assert self.path is not None
+        if self._file is not None:
+            try:
+                current = os.stat(self.path)
+            except FileNotFoundError:
+                current = None
+            opened = os.fstat(self._file.fileno())
+            if current is not None and (current.st_ino, current.st_dev) \
+                    == (opened.st_ino, opened.st_dev):
+                return self._file
+            self._file.close()
+            self._file = None
+        self._file = self.path.open("a", encoding="utf-8")
+        return self._file
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None

@@ -14,7 +14,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from . import errors
 from .accountant import (
     AccountStatus,
     AnswerAvailable,
+    CachedAnswer,
     Cost,
     Ledger,
     Loss,
@@ -33,7 +34,7 @@ from .accountant import (
 from .analyze import Analysis, ConstantQuery, analyze
 from .audit import AuditLog, AuditRecord
 from .backends import Backend, open_backend
-from .parse import Parameters, Statement, parse_statements
+from .parse import Parameters, Statement, bind_parameters, parse_statements
 from .plan import (
     SELECTION_MODES,
     QueryOptions,
@@ -88,11 +89,19 @@ class Result:
 
 
 def _answer_json(result: Result) -> str:
+    # each accuracy's fields as they are (asdict's deep copy is slow); a nested dataclass,
+    # should one appear, is converted when met
     return json.dumps({
         "columns": result.columns, "rows": result.rows, "tag": result.tag,
         "types": result.types, "intervals": result.intervals,
-        "accuracy": [asdict(a) if a is not None else None for a in result.accuracy],
-    })
+        "accuracy": [vars(a) if a is not None else None for a in result.accuracy],
+    }, default=_dataclass_json)
+
+
+def _dataclass_json(value: object) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def _result_from_json(text: str) -> Result:
@@ -106,7 +115,15 @@ def _result_from_json(text: str) -> Result:
 
 
 def _memo_key(statement: Statement) -> tuple[str, str]:
-    return (statement.text, json.dumps(_typed_parameters(statement.params)))
+    last = getattr(_last_memo, "key", None)  # a statement is looked up several times in turn
+    if last is not None and last[0] is statement:
+        return last[1]  # type: ignore[no-any-return]
+    key = (statement.text, json.dumps(_typed_parameters(statement.params)))
+    _last_memo.key = (statement, key)
+    return key
+
+
+_last_memo = threading.local()
 
 
 def _typed_parameters(params: Parameters) -> list[Any]:
@@ -213,11 +230,17 @@ class Engine:
         # The generator lower-cases unquoted identifiers as it prints, as
         # normalize_identifiers does for PostgreSQL, without copying and walking the tree.
         normalized = statement.ast.sql("postgres", normalize=True)
+        self.remember_normalized(statement, normalized)
+        return normalized
+
+    def remember_normalized(self, statement: Statement, normalized: str) -> None:
+        """Remember the normalized query of a statement (printed along with its shape)."""
+        memo = _memo_key(statement)
         with self._lock:
             self._normalized[memo] = normalized
+            self._normalized.move_to_end(memo)
             if len(self._normalized) > REWRITE_CACHE_SIZE:
                 self._normalized.popitem(last=False)
-        return normalized
 
     def rewritten(self, plan: QueryPlan) -> Rewritten:
         """The backend statement for a plan, cached by normalized query: it depends only on
@@ -250,6 +273,7 @@ class Engine:
             self._closed = True
         self.ledger.close()
         self.backend.close()
+        self.audit.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -272,6 +296,10 @@ class Session:
             self.set_option(name, value)
         self.client_settings: dict[str, str] = {}
         self._last_loss: Loss | None = None
+        # (options, data version, the answer key's JSON after its query: see _cache_key)
+        self._key_parts: tuple[QueryOptions, str, str] | None = None
+        # the statement being run and its normalized query, printed with its shape
+        self._printed: tuple[Statement, str] | None = None
 
     # options --------------------------------------------------------------------------------
     def set_option(self, name: str, value: Any) -> None:
@@ -396,19 +424,33 @@ class Session:
         ast = statement.ast
         if not SHAPE_CACHE or not isinstance(ast, exp.Select) or self.analyst.budget is None:
             return self._plan(statement), None
-        shape = lift(ast)  # in place: the statement's bound tree is its own copy
+        # Marked in place (the statement's bound tree is its own copy) and, when the tree
+        # can be bound afresh from its template, printed without a copy: the print may
+        # rewrite it, but a query of a cached shape is done with its tree, and any other
+        # is analysed on a new binding.
+        rebind = statement.template is not None
+        shape = lift(ast, copy=not rebind)
         values = tuple(parameter_value(v) for v in shape.values)
+        # printed with the shape, so the answer cache's key needs no printing of its own
+        self._printed = (statement, shape.normalized)
+        self.engine.remember_normalized(statement, shape.normalized)
         cached = self.engine.shape(self.analyst.name, shape.key)
         if cached is not None:
             analysis, rewritten = cached
             # Everything but the WHERE literals (which the statement carries as parameters)
-            # and the text is the shape's, accepted for every value of them. (Without
-            # slots, the shape's SQL is the statement's text.)
-            text = ast.sql("postgres") if values else shape.sql
-            plan = plan_query(replace(analysis, statement=text), self.options)
-            # (the options may since select groups otherwise, needing another statement)
+            # and the text is the shape's, accepted for every value of them.
+            plan = plan_query(replace(analysis, statement=shape.text), self.options)
+            # (the options may since select groups otherwise, needing another statement:
+            # then planned as a miss)
             if rewritten.unit_counts == counts_units(plan):
                 return plan, (rewritten, values)
+        if rebind:
+            assert statement.template is not None
+            statement = replace(statement, ast=bind_parameters(
+                statement.template, statement.params, copy=True))
+            ast = statement.ast
+            assert isinstance(ast, exp.Select)
+            shape = lift(ast)
         planned = self._plan(statement)  # the slots are literals to the analyzer
         if isinstance(planned, QueryPlan) and planned.reads_data \
                 and intact(planned.analysis.where, shape.values, planned.analysis.table):
@@ -494,7 +536,10 @@ class Session:
             raise
         released = release(plan, exact_rows)
         del exact_rows
-        result = self._result(released, plan, self.remaining())
+        # the analyst's budget as this charge left it, read in the charge's transaction
+        after = charge.status(analyst_account(self.analyst.name))
+        result = self._result(released, plan,
+                              after.remaining if after is not None else self.remaining())
         # Stored before it is returned: a repeat can only ever see this answer.
         self.engine.ledger.store_answer(self.analyst.name, key, charge.charge_id,
                                         _answer_json(result))
@@ -505,33 +550,50 @@ class Session:
 
     def _cache_key(self, statement: Statement) -> str:
         """Same normalized query, options, policy version and data: same key."""
-        parts = [self.engine.normalized_query(statement), asdict(self.options),
-                 self.engine.policy.version, self.engine.backend.data_version(),
-                 self.engine.ledger.accounting]
-        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+        # The key hashes json.dumps([query, options, version, data, accounting],
+        # sort_keys=True); all but the query are printed once per options and data version.
+        data = self.engine.backend.data_version()
+        printed = self._key_parts
+        if printed is None or printed[0] is not self.options or printed[1] != data:
+            rest = [asdict(self.options), self.engine.policy.version, data,
+                    self.engine.ledger.accounting]
+            printed = self._key_parts = (self.options, data,
+                                         json.dumps(rest, sort_keys=True)[1:])
+        shaped = self._printed
+        query = shaped[1] if shaped is not None and shaped[0] is statement \
+            else self.engine.normalized_query(statement)
+        text = f"[{json.dumps(query)}, {printed[2]}"
+        return hashlib.sha256(text.encode()).hexdigest()
 
-    def _wait_for_answer(self, key: str) -> str | None:
-        """The stored answer; waits while another session is computing it."""
+    def _wait_for_answer(self, key: str) -> CachedAnswer | None:
+        """The stored answer, with the analyst's budget status read along; waits while
+        another session is computing it."""
         deadline = time.monotonic() + CACHE_WAIT_S
         while True:
-            cached = self.engine.ledger.lookup_answer(self.analyst.name, key)
+            cached = self.engine.ledger.lookup_answer(
+                self.analyst.name, key, status_of=analyst_account(self.analyst.name))
             if cached is None:
                 return None
             if cached.answer is not None:
-                return cached.answer
+                return cached
             if time.monotonic() > deadline:
                 raise errors.OperationalError(
                     "an identical query by the same analyst is still being answered",
                     hint="retry in a moment: repeats of a query return its first answer")
             time.sleep(0.02)
 
-    def _cached_result(self, statement: str, answer: str, names: tuple[str, ...]) -> Result:
-        result = _result_from_json(answer)
+    def _cached_result(self, statement: str, answer: str | CachedAnswer,
+                       names: tuple[str, ...]) -> Result:
+        stored = answer if isinstance(answer, CachedAnswer) else None
+        text = answer if isinstance(answer, str) else answer.answer
+        assert text is not None
+        result = _result_from_json(text)
         # Output names are not part of what an answer measures: name the columns as this
         # query does (the stored answer carries the names of the query that paid for it).
         result.columns = names
         result.cost = None
-        result.remaining = self.remaining()
+        result.remaining = stored.status.remaining \
+            if stored is not None and stored.status is not None else self.remaining()
         result.notices = [*(a.describe() for a in result.accuracy if a is not None),
                           "repeated query: its first answer, at no further cost",
                           f"budget left: ε={result.remaining.epsilon:.6g}, "

@@ -29,6 +29,7 @@ shape whose slots the analyzer did not keep intact (`intact`) is not cached.
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -51,15 +52,47 @@ def slot_index(node: exp.Expression) -> int | None:
     return node.meta_get(SLOT) if isinstance(node, exp.Literal) else None
 
 
+_MARK = "\x00"  # brackets a piece's number in the generator's output
+# with the piece's number in a mark: no text of a query can be taken for a mark by chance
+_NONCE = secrets.token_hex(8)
+
+
 class _ShapeGenerator(Postgres.Generator):  # type: ignore[misc]
-    """PostgreSQL's SQL with each slot printed as `$slot<n>`: the shape's key."""
+    """PostgreSQL's SQL, printed once for three texts: each slot and each unquoted identifier
+    is printed as a numbered mark, and `pieces` holds, per mark, its text in the shape's key
+    (a slot as `$slot<n>`), in the query's SQL, and in its identifier-normalized SQL."""
+
+    def __init__(self, marks: bool = True, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self.marks = marks  # False: print the key's text itself (slots as `$slot<n>`)
+        self.pieces: list[tuple[str, str, str]] = []
+
+    def _mark(self, key: str, plain: str, normalized: str) -> str:
+        if not self.marks:
+            return key
+        self.pieces.append((key, plain, normalized))
+        return f"{_MARK}{len(self.pieces) - 1}:{_NONCE}{_MARK}"
 
     def literal_sql(self, expression: exp.Literal) -> str:
+        plain = super().literal_sql(expression)
         index = slot_index(expression)
         if index is None:
-            return super().literal_sql(expression)
+            return plain
         # an integer and a decimal are typed apart (the rewrite's parameter types differ)
-        return f"$slot{index}" if expression.this.isdigit() else f"$slot{index}_decimal"
+        key = f"$slot{index}" if expression.this.isdigit() else f"$slot{index}_decimal"
+        return self._mark(key, plain, plain)
+
+    def identifier_sql(self, expression: exp.Identifier) -> str:
+        plain = super().identifier_sql(expression)
+        if expression.quoted or expression.name == expression.name.lower():
+            return plain  # normalizing changes nothing
+        # `normalize` changes nothing but an unquoted identifier's case (as in PostgreSQL)
+        self.normalize = True
+        try:
+            normalized = super().identifier_sql(expression)
+        finally:
+            self.normalize = False
+        return plain if normalized == plain else self._mark(plain, plain, normalized)
 
 
 _POSTGRES = Dialect.get_or_raise("postgres")
@@ -75,6 +108,8 @@ class Shape:
     key: str
     values: tuple[str, ...]  # each slot's literal text, in slot order
     sql: str  # the SQL part of the key: without slots, exactly the query's PostgreSQL SQL
+    text: str = ""  # the query's PostgreSQL SQL (slots as their literals)
+    normalized: str = ""  # the same, identifiers normalized (as `sql(normalize=True)`)
 
 
 def _plain_number(node: exp.Expression) -> bool:
@@ -109,9 +144,11 @@ def _bare_column(node: exp.Expression | None) -> bool:
     return isinstance(node, exp.Column) and not isinstance(node.this, exp.Star)
 
 
-def lift(select: exp.Expression) -> Shape:
+def lift(select: exp.Expression, *, copy: bool = True) -> Shape:
     """Mark, in place, each liftable literal of `select`'s WHERE as a slot; the shape.
-    (`select` must be the caller's own tree: a bound query is a fresh copy.)"""
+    (`select` must be the caller's own tree: a bound query is a fresh copy.) Without
+    `copy`, the tree is printed as it is, and the printer may rewrite it: for a caller
+    done with it."""
     where = select.args.get("where") if isinstance(select, exp.Select) else None
     values: list[str] = []
     if where is not None:
@@ -119,13 +156,36 @@ def lift(select: exp.Expression) -> Shape:
             if _liftable(node):
                 node.meta[SLOT] = len(values)  # the node stays a literal: it types as one
                 values.append(node.this)
-    generator = _ShapeGenerator(dialect=_POSTGRES)
-    # a copy: the generator may rewrite parts of the tree it prints, and this one is yet
-    # to be analysed
-    sql = generator.generate(select, copy=True)
     names = [output_name(item) for item in select.expressions] \
         if isinstance(select, exp.Select) else []
-    return Shape("\x00".join([sql, *names]), tuple(values), sql)
+    generator = _ShapeGenerator(dialect=_POSTGRES)
+    marked = generator.generate(select, copy=copy)
+    texts = _fill(marked, generator.pieces)
+    if texts is None:  # a mark character in the query's own text, or a piece printed twice
+        sql = _ShapeGenerator(dialect=_POSTGRES, marks=False).generate(select, copy=True)
+        texts = (sql, select.sql("postgres"), select.sql("postgres", normalize=True))
+    sql, text, normalized = texts
+    return Shape("\x00".join([sql, *names]), tuple(values), sql, text, normalized)
+
+
+def _fill(marked: str, pieces: list[tuple[str, str, str]]) -> tuple[str, str, str] | None:
+    """The three texts of a marked print (`_ShapeGenerator`): the shape's SQL, the query's
+    SQL and its normalized SQL; None unless every piece is printed exactly once and the
+    output holds no other mark character."""
+    parts = marked.split(_MARK)
+    if len(parts) != 2 * len(pieces) + 1:
+        return None
+    order = [mark.partition(":") for mark in parts[1::2]]
+    if any(nonce != _NONCE or not number.isdigit() for number, _, nonce in order) \
+            or sorted(int(n) for n, _, _ in order) != list(range(len(pieces))):
+        return None
+    texts = []
+    for form in range(3):
+        out = [parts[0]]
+        for (number, _, _), between in zip(order, parts[2::2], strict=True):
+            out += [pieces[int(number)][form], between]
+        texts.append("".join(out))
+    return texts[0], texts[1], texts[2]
 
 
 def unlift(select: exp.Expression) -> None:

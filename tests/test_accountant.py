@@ -597,6 +597,36 @@ def test_budget_window_renews_spending(ledger_at: LedgerAt,
         assert len(ledger.history(ALICE)) == 11  # history is kept across windows
 
 
+@pytest.mark.parametrize("accounting", ["basic", "zcdp"])
+def test_a_charge_returns_each_account_as_it_left_it(
+        ledger_at: LedgerAt, accounting: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The statuses a charge returns (read in its own transaction, so a session needs no
+    second read for the budget left) are what `status` reads right after it, through a
+    window's renewal too."""
+    import dpproxy.accountant as accountant
+
+    clock = [1_700_000_000.0]
+    monkeypatch.setattr(accountant.time, "time", lambda: clock[0])
+    budgets = {ALICE: Cost(3.0, 1e-5), ADULT: Cost(2.0, 1e-5)}
+    with ledger_at("s.db", budgets, accounting=accounting, window="daily") as ledger:
+        for step, loss in enumerate([Loss(0.25, 1e-7), Loss(0.5, 1e-6, rho=0.02),
+                                     Loss(0.125, 0.0, rho=0.01, zcdp_delta=0.0)]):
+            if step == 2:
+                clock[0] += 2 * 3600  # past midnight: the charge renews both windows
+            charge = ledger.charge([ALICE, ADULT], loss, analyst="alice", statement="q")
+            assert [s.account for s in charge.statuses] == [ALICE, ADULT]
+            for account in (ALICE, ADULT):
+                assert charge.status(account) == ledger.status(account)
+            assert charge.status("analyst:bob") is None
+        assert charge.status(ALICE).spent.epsilon == pytest.approx(  # type: ignore[union-attr]
+            0.125 if accounting == "basic" else zcdp_epsilon(0.01, 1e-5))
+        # a refused charge returns nothing and leaves no transaction open
+        with pytest.raises(BudgetExceeded):
+            ledger.charge([ALICE], Cost(5.0), analyst="alice", statement="q")
+        assert ledger.charge([ALICE], Cost(0.5), analyst="alice",
+                             statement="q").status(ALICE) == ledger.status(ALICE)
+
+
 def test_window_starts() -> None:
     from dpproxy.accountant import window_start_at
 
@@ -629,6 +659,23 @@ def test_claimed_answer_is_charged_once(ledger_at: LedgerAt) -> None:
         found = ledger.lookup_answer("alice", "k")
         assert found is not None and found.answer == '{"rows": [[1]]}'
         assert ledger.lookup_answer("bob", "k") is None  # answers are per analyst
+
+
+def test_a_stored_answer_is_read_with_the_budget_status(ledger_at: LedgerAt) -> None:
+    """A repeat reads its answer and the analyst's budget in one transaction."""
+    with ledger_at("c.db", {ALICE: Cost(1.0)}) as ledger:
+        charge = ledger.charge([ALICE], Cost(0.25), analyst="alice", statement="q", claim="k")
+        pending = ledger.lookup_answer("alice", "k", status_of=ALICE)
+        assert pending is not None and pending.answer is None and pending.status is None
+        ledger.store_answer("alice", "k", charge.charge_id, "[1]")
+        ledger.charge([ALICE], Cost(0.5), analyst="alice", statement="q2")
+        found = ledger.lookup_answer("alice", "k", status_of=ALICE)
+        assert found is not None and found.answer == "[1]"
+        assert found.status == ledger.status(ALICE) and found.status.spent == Cost(0.75)
+        plain = ledger.lookup_answer("alice", "k")
+        assert plain is not None and plain.status is None and plain == found
+        with pytest.raises(UndefinedObject):
+            ledger.lookup_answer("alice", "k", status_of="analyst:nobody")
 
 
 def test_dropped_claim_can_be_charged_again(ledger_at: LedgerAt) -> None:

@@ -255,3 +255,22 @@ def test_value_encoders_agree_with_encode_value() -> None:
                      codec.DATE: dt.date(2020, 2, 29), codec.BOOL: True,
                      codec.NUMERIC: decimal.Decimal("1.5")}[oid]
             assert codec.value_encoder(oid, fmt)(value) == encode_value(value, oid, fmt)
+
+
+@pytest.mark.parametrize("values", [(), (None,), (b"",), (b"1", None, b"x" * 300),
+                                    tuple(str(n).encode() for n in range(40))])
+def test_data_rows_encoded_directly_are_the_messages(values: tuple[bytes | None, ...]) -> None:
+    data = codec.data_row_bytes(list(values))
+    assert data == codec.DataRow(values).encode()
+    assert codec.parse_backend(data) == (codec.DataRow(values), len(data))
+
+
+@pytest.mark.parametrize("message", ["", "budget left: ε=9.9, δ=1e-05", "x" * 1000])
+def test_notices_encoded_directly_are_the_messages(message: str) -> None:
+    data = codec.notice_bytes(message)
+    assert data == codec.NoticeResponse.notice(message).encode()
+    decoded, used = codec.parse_backend(data)
+    assert used == len(data) and isinstance(decoded, codec.NoticeResponse)
+    assert decoded.get("M") == message and decoded.get("S") == "NOTICE"
+    with pytest.raises(ValueError, match="NUL"):
+        codec.notice_bytes("a\x00b")

@@ -284,6 +284,25 @@ def test_extended_protocol_errors_skip_to_sync(raw: Raw) -> None:
                                                       codec.ReadyForQuery("I")]
 
 
+def test_describe_then_other_messages_in_one_packet(raw: Raw) -> None:
+    """After Describe(portal) the server reads ahead to see whether Execute follows; any
+    message read so is handled in its turn, once."""
+    served, connect = raw
+    client = connect()
+    sql = "SELECT COUNT(*) AS n FROM adult WHERE age > $1"
+    client.send(codec.Parse("", sql), codec.Bind("a", "", (), (b"30",), ()),
+                codec.Describe("P", "a"), codec.Bind("b", "", (), (b"40",), ()),
+                codec.Execute("b", 0), codec.Execute("a", 0), codec.Close("P", "a"),
+                codec.Describe("P", "a"), codec.Sync())
+    messages = client.until(codec.ReadyForQuery)
+    kinds = [type(m).__name__ for m in messages if not isinstance(m, codec.NoticeResponse)]
+    assert kinds == ["ParseComplete", "BindComplete", "RowDescription", "BindComplete",
+                     "DataRow", "CommandComplete", "DataRow", "CommandComplete",
+                     "CloseComplete", "ErrorResponse", "ReadyForQuery"]
+    assert errors_in(messages) == ["34000"]  # portal "a" was closed before the Describe
+    assert served.spent() == pytest.approx(0.2)  # each portal ran once
+
+
 def test_binary_results_of_each_type(raw: Raw) -> None:
     _, connect = raw
     client = connect()

@@ -9,6 +9,7 @@ functions, operators, literals in places where their value matters) do not.
 
 from __future__ import annotations
 
+import contextlib
 import doctest
 from typing import Any
 
@@ -270,6 +271,29 @@ def test_the_answer_key_is_the_query_with_identifiers_normalized(engine: Engine,
     assert engine.normalized_query(statement) == expected
 
 
+def test_the_answer_key_hashes_the_query_options_versions_and_accounting(
+        engine: Engine) -> None:
+    """The key is the hash of one JSON list (so answers stored before stay found); all but
+    the query are printed once per options."""
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    alice = engine.session("alice")
+    statement = parse_statements("SELECT COUNT(*) FROM Adult WHERE age > 30")[0]
+    keys = []
+    for setting in [None, ("epsilon", 0.5), ("split", "1, 3"), ("mechanism", "gaussian")]:
+        if setting is not None:
+            alice.set_option(*setting)
+        parts = [engine.normalized_query(statement), asdict(alice.options),
+                 engine.policy.version, engine.backend.data_version(),
+                 engine.ledger.accounting]
+        expected = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+        assert alice._cache_key(statement) == alice._cache_key(statement) == expected
+        keys.append(expected)
+    assert len(set(keys)) == len(keys)
+
+
 @pytest.mark.parametrize("sql", [
     "SELECT occupation, COUNT(*), AVG(age) FROM adult GROUP BY occupation",
     "SELECT sex, SUM(hours_per_week * 52) AS h FROM adult WHERE sex = 'Male' GROUP BY sex",
@@ -297,3 +321,55 @@ def test_a_query_without_slots_reuses_its_analysis_under_other_options(
     assert planned.analysis.statement == fresh.analysis.statement
     alice.set_option("epsilon", 0.1)
     _same_plan(alice._shaped_plan(parse_statements(sql)[0])[0], fresh)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("sql", [
+    'SELECT "Sex", COUNT(*) AS "N" FROM Adult AS A WHERE A.Age > 5 AND "Age" < 7.5 GROUP BY "Sex"',
+    "SELECT occupation, AVG(hours_per_week) FROM ADULT WHERE Capital_Gain BETWEEN 1 AND 2 "
+    "GROUP BY Occupation ORDER BY 2 DESC LIMIT 3",
+    'SELECT COUNT(*) FROM adult WHERE sex = \'a\x00b\' AND age IN (1, -2, 3) AND "ÄgE" > 4',
+    "SELECT COUNT(*) AS \"0:x\" FROM adult WHERE age > 5 AND sex <> '\x000:0\x00'",
+    'SELECT "select", MAX(Äge) FROM "Adult" WHERE "select" > 1 GROUP BY 1',
+    "SELECT MEDIAN(Age) FROM adult",
+])
+def test_one_print_gives_the_shape_the_text_and_the_normalized_text(engine: Engine,
+                                                                    sql: str) -> None:
+    """`lift` prints once, with marks, what three prints gave: the shape's SQL, the query's
+    SQL (for the ledger and audit log) and its normalized SQL (the answer cache's key),
+    even for a query whose own text holds the mark character."""
+    statement = parse_statements(sql)[0]
+    assert statement.ast is not None
+    tree = statement.ast.copy()
+    shape = shapes.lift(tree)
+    assert shape.text == tree.sql("postgres")
+    assert shape.normalized == tree.sql("postgres", normalize=True)
+    assert shape.sql == shapes._ShapeGenerator(dialect=shapes._POSTGRES, marks=False
+                                               ).generate(tree, copy=True)
+    assert shape.key.startswith(shape.sql + "\x00")
+    assert shapes.lift(statement.ast.copy(), copy=False) == shape  # printed without a copy
+    assert "$slot" not in shape.text and (("$slot" in shape.sql) == bool(shape.values))
+    # the session keys the answer cache on the normalized text printed with the shape
+    with contextlib.suppress(errors.Error):  # refused or not: the key is remembered first
+        engine.session("alice")._shaped_plan(statement)
+    assert engine.normalized_query(statement) == shape.normalized
+
+
+def test_a_stored_answer_is_the_json_it_always_was(alice: Session) -> None:
+    """The answer cache stores accuracies field by field (not through asdict's deep copy):
+    the same JSON, read back to the same result."""
+    import json
+    from dataclasses import asdict
+
+    from dpproxy.session import _answer_json, _result_from_json
+
+    result = alice.execute("SELECT sex, COUNT(*), AVG(age) FROM adult GROUP BY sex")
+    assert result.accuracy[0] is None and None not in result.accuracy[1:]  # the key has none
+    expected = json.dumps({
+        "columns": result.columns, "rows": result.rows, "tag": result.tag,
+        "types": result.types, "intervals": result.intervals,
+        "accuracy": [asdict(a) if a is not None else None for a in result.accuracy]})
+    assert _answer_json(result) == expected
+    again = _result_from_json(_answer_json(result))
+    assert (again.rows, again.accuracy, again.intervals) == (
+        [tuple(r) for r in json.loads(json.dumps(result.rows))], result.accuracy,
+        result.intervals)

@@ -8,8 +8,13 @@ can write it (DuckDB opens a file with one configuration per process). So a boun
 
 from __future__ import annotations
 
+import itertools
+import math
+import os
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
+from decimal import Decimal
 from pathlib import Path
 
 import duckdb
@@ -17,6 +22,86 @@ import duckdb
 from ..bounds import BoundCheck, BoundingCounts, Unbounded
 from ..errors import BackendError, InvalidPolicy
 from ..policy import Policy
+
+# "off": run every statement from its text, for A/B benchmarks.
+PREPARED_STATEMENTS = os.environ.get("DPPROXY_PREPARED", "on").lower() != "off"
+PREPARED_PER_THREAD = 64  # statements each thread's cursor keeps prepared
+
+
+class _Prepared:
+    """One cursor's prepared statements, by SQL text: a text is prepared the second time it
+    is run (the first may well be the only one), and the least recently run is deallocated
+    beyond PREPARED_PER_THREAD. Parameters are passed to EXECUTE as literals typed exactly as
+    DuckDB types them when bound from Python; a value without such a literal runs the text
+    as it is."""
+
+    def __init__(self, cursor: duckdb.DuckDBPyConnection) -> None:
+        self._cursor = cursor
+        self._names: OrderedDict[str, str] = OrderedDict()
+        self._seen: OrderedDict[str, None] = OrderedDict()  # texts run once
+        self._numbers = itertools.count()
+        self._decimal_types: dict[tuple[int, int, int], str] = {}
+
+    def name(self, sql: str) -> str | None:
+        """The prepared statement for `sql`, prepared now if `sql` ran once before."""
+        name = self._names.get(sql)
+        if name is not None:
+            self._names.move_to_end(sql)
+            return name
+        if sql not in self._seen:
+            self._seen[sql] = None
+            if len(self._seen) > PREPARED_PER_THREAD:
+                self._seen.popitem(last=False)
+            return None
+        name = f"dpproxy_prepared_{next(self._numbers)}"
+        try:
+            self._cursor.execute(f"PREPARE {name} AS {sql}")
+        except duckdb.Error:
+            return None  # not preparable: run as text (which raises its own error, if any)
+        del self._seen[sql]
+        self._names[sql] = name
+        if len(self._names) > PREPARED_PER_THREAD:
+            _, oldest = self._names.popitem(last=False)
+            self._cursor.execute(f"DEALLOCATE {oldest}")
+        return name
+
+    def arguments(self, parameters: Sequence[object]) -> str | None:
+        """`(literal, …)` for EXECUTE (empty without parameters), or None."""
+        literals = []
+        for value in parameters:
+            literal = self._literal(value)
+            if literal is None:
+                return None
+            literals.append(literal)
+        return f"({', '.join(literals)})" if literals else ""
+
+    def _literal(self, value: object) -> str | None:
+        """A literal of the type DuckDB gives `value` bound from Python, or None."""
+        if isinstance(value, bool):
+            return "TRUE" if value else "FALSE"
+        if isinstance(value, int):
+            if -2**31 <= value < 2**31:
+                return f"CAST({value} AS INTEGER)"
+            return f"CAST({value} AS BIGINT)" if -2**63 <= value < 2**63 else None
+        if isinstance(value, float):
+            return f"CAST('{value!r}' AS DOUBLE)" if math.isfinite(value) else None
+        if isinstance(value, Decimal):
+            if not value.is_finite():
+                return None
+            sign, digits, exponent = value.as_tuple()
+            assert isinstance(exponent, int)
+            shape = (sign, len(digits), exponent)
+            kind = self._decimal_types.get(shape)
+            if kind is None:  # DuckDB's own rule, asked once per shape of number
+                found = self._cursor.execute("SELECT typeof($1)", [value]).fetchone()
+                kind = str(found[0]) if found else ""
+                if not kind.startswith("DECIMAL("):
+                    return None
+                self._decimal_types[shape] = kind
+            return f"CAST('{value:f}' AS {kind})"
+        if isinstance(value, str):
+            return None if "\x00" in value else "'" + value.replace("'", "''") + "'"
+        return None
 
 
 class DuckDBBackend:
@@ -32,6 +117,8 @@ class DuckDBBackend:
         # the file; the settings hold for the whole database instance.
         self._path = path
         self._connection = duckdb.connect(str(path), read_only=True)
+        stat = path.stat()  # after connecting: from now on the file is fixed
+        self._version = f"{stat.st_size}:{stat.st_mtime_ns}"
         locked = self._connection.execute(
             "SELECT current_setting('lock_configuration')").fetchone()
         if not (locked and locked[0]):  # another engine in this process may have locked it
@@ -65,7 +152,21 @@ class DuckDBBackend:
             with self._lock:
                 cursor = self._connection.cursor()
             self._local.cursor = cursor
+            self._local.prepared = _Prepared(cursor)
         return cursor
+
+    def _run(self, sql: str, parameters: Sequence[object]) -> list[tuple[object, ...]]:
+        """Run `sql` with `parameters` on this thread's cursor: a text run before runs as
+        the statement prepared then (DuckDB skips parsing, binding and planning it)."""
+        cursor = self._cursor()
+        if PREPARED_STATEMENTS:
+            prepared: _Prepared = self._local.prepared
+            name = prepared.name(sql)
+            if name is not None:
+                arguments = prepared.arguments(parameters)
+                if arguments is not None:
+                    return cursor.execute(f"EXECUTE {name}{arguments}").fetchall()
+        return cursor.execute(sql, list(parameters)).fetchall()
 
     def run_aggregate(self, sql: str, parameters: Sequence[object] = (),
                       unbounded: Unbounded | None = None) -> list[tuple[object, ...]]:
@@ -76,7 +177,7 @@ class DuckDBBackend:
             else:
                 self.bounding.enforced += 1
         try:
-            return self._cursor().execute(sql, list(parameters)).fetchall()
+            return self._run(sql, parameters)
         except duckdb.Error as exc:
             raise BackendError(
                 "the backend could not run the rewritten query",
@@ -99,8 +200,9 @@ class DuckDBBackend:
         return check.holds(observed)
 
     def data_version(self) -> str:
-        stat = self._path.stat()
-        return f"{stat.st_size}:{stat.st_mtime_ns}"
+        """The file's size and modification time when opened: the data cannot change while
+        the backend holds it open (see the module docstring), so it is read once."""
+        return self._version
 
     def close(self) -> None:
         self._connection.close()

@@ -647,6 +647,15 @@ class DataRow(Message):
         return cls(tuple(values))
 
 
+def data_row_bytes(values: Sequence[bytes | None]) -> bytes:
+    """`DataRow(values).encode()`, without building the message object."""
+    parts = [_I16.pack(len(values))]
+    for v in values:
+        parts.append(b"\xff\xff\xff\xff" if v is None else _I32.pack(len(v)) + v)
+    body = b"".join(parts)
+    return b"D" + _I32.pack(len(body) + 4) + body
+
+
 @dataclass(frozen=True)
 class CommandComplete(Message):
     code: ClassVar[bytes] = b"C"
@@ -717,6 +726,15 @@ class NoticeResponse(ErrorResponse):
     def notice(cls, message: str) -> NoticeResponse:
         return cls(((SEVERITY, "NOTICE"), (SEVERITY_V, "NOTICE"), (SQLSTATE, "00000"),
                     (MESSAGE, message)))
+
+
+_NOTICE_HEAD = b"".join(k.encode("ascii") + _cstr(v) for k, v in (
+    (SEVERITY, "NOTICE"), (SEVERITY_V, "NOTICE"), (SQLSTATE, "00000"))) + MESSAGE.encode()
+
+
+def notice_bytes(message: str) -> bytes:
+    """`NoticeResponse.notice(message).encode()`, without building the message object."""
+    return _frame(b"N", _NOTICE_HEAD + _cstr(message) + b"\x00")
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,6 @@ from .codec import (
     CopyData,
     CopyDone,
     CopyFail,
-    DataRow,
     Describe,
     EmptyQueryResponse,
     ErrorResponse,
@@ -46,7 +45,6 @@ from .codec import (
     Message,
     NegotiateProtocolVersion,
     NoData,
-    NoticeResponse,
     ParameterDescription,
     ParameterStatus,
     Parse,
@@ -131,7 +129,7 @@ class Portal:
 @dataclass(frozen=True)
 class _Shape:
     fields: tuple[Field, ...]
-    encoders: list[Callable[[Any], bytes | None]]
+    encoders: tuple[Callable[[Any], bytes | None], ...]
 
 
 _DUMMY_VALUES: dict[int, Any] = {
@@ -158,12 +156,27 @@ def _formats(codes: Sequence[int], count: int) -> list[int]:
 
 
 def _columns(names: Sequence[str], types: Sequence[str], formats: Sequence[int]) -> _Shape:
+    """The fields and encoders of a result's columns (the same few shapes come again and
+    again: remembered)."""
+    return _column_shape(tuple(names), tuple(types), tuple(formats))
+
+
+@functools.lru_cache(maxsize=256)
+def _column_shape(names: tuple[str, ...], types: tuple[str, ...], formats: tuple[int, ...]
+                  ) -> _Shape:
     fields, encoders = [], []
     for i, name in enumerate(names):
         pg = codec.pg_type(types[i] if i < len(types) else "text")
         fields.append(Field(name, pg.oid, pg.size, formats[i]))
         encoders.append(codec.value_encoder(pg.oid, formats[i]))
-    return _Shape(tuple(fields), encoders)
+    return _Shape(tuple(fields), tuple(encoders))
+
+
+@functools.lru_cache(maxsize=1024)
+def _statement_texts(sql: str) -> tuple[str, ...]:
+    """The statements of a string (`split_statements`), remembered by text: clients parse
+    the same few strings again and again."""
+    return tuple(piece[0] for piece in split_statements(sql))
 
 
 def _loopback(peer: Any) -> bool:
@@ -204,6 +217,7 @@ class ClientConnection:
         self._reader, self._writer = reader, writer
         self._loop = asyncio.get_running_loop()
         self._buffer = bytearray()
+        self._peeked: tuple[Any, int] | None = None  # the buffer's first message, parsed
         self._out = bytearray()
         self._read_task: asyncio.Future[bytes] | None = None
         self._eof = False
@@ -260,7 +274,10 @@ class ClientConnection:
     async def _next_message(self, parse: Callable[[bytearray], tuple[Any, int]],
                             timeout: float | None) -> Any:
         while True:
-            message, used = parse(self._buffer)
+            if self._peeked is not None and parse is codec.parse_frontend:
+                (message, used), self._peeked = self._peeked, None  # read by a peek
+            else:
+                message, used = parse(self._buffer)
             if message is not None:
                 del self._buffer[:used]
                 return message
@@ -273,12 +290,29 @@ class ClientConnection:
             read = self._pending_read()
             self._idle = not self._buffer
             try:
-                done, _ = await asyncio.wait({read}, timeout=timeout)
+                done = await self._await_read(read, timeout)
             finally:
                 self._idle = False
             if not done:
                 raise IdleTimeout
             self._consume_read()
+
+    async def _await_read(self, read: asyncio.Future[bytes], timeout: float | None) -> bool:
+        """Wait at most `timeout` seconds for the pending read (never cancelling it);
+        whether it is done."""
+        if not read.done():
+            waiter = self._loop.create_future()
+            wake = functools.partial(_wake, waiter)
+            read.add_done_callback(wake)
+            timer = self._loop.call_later(timeout, wake, None) if timeout is not None \
+                else None
+            try:
+                await waiter
+            finally:
+                read.remove_done_callback(wake)
+                if timer is not None:
+                    timer.cancel()
+        return read.done()
 
     # lifecycle --------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -502,17 +536,29 @@ class ClientConnection:
         timeout = self.server.settings.statement_timeout_s or None
         deadline = self._loop.time() + timeout if timeout else None
         while True:
-            waiting: set[asyncio.Future[Any]] = {future}
-            if not self._eof:
-                waiting.add(self._pending_read())
-            remaining = None if deadline is None else max(0.0, deadline - self._loop.time())
-            done, _ = await asyncio.wait(waiting, timeout=remaining,
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if future in done:
+            read = None if self._eof else self._pending_read()
+            if not future.done() and not (read is not None and read.done()):
+                # woken by whichever comes first: the result, the client, the deadline
+                waiter = self._loop.create_future()
+                wake = functools.partial(_wake, waiter)
+                future.add_done_callback(wake)
+                if read is not None:
+                    read.add_done_callback(wake)
+                timer = self._loop.call_at(deadline, wake, None) if deadline is not None \
+                    else None
+                try:
+                    await waiter
+                finally:
+                    future.remove_done_callback(wake)
+                    if read is not None:
+                        read.remove_done_callback(wake)
+                    if timer is not None:
+                        timer.cancel()
+            if future.done():
                 if job.cancelled and not job.charged:
                     raise QueryCanceled(job.reason, detail="nothing was charged")
                 return future.result()
-            if self._read_task is not None and self._read_task in done:
+            if read is not None and read.done():
                 self._consume_read()
                 if self._eof:
                     # The client left mid-statement: stop it unless it is being charged.
@@ -596,12 +642,13 @@ class ClientConnection:
 
     def _send_notices(self, result: Result) -> None:
         for note in result.notices:
-            self._send(NoticeResponse.notice(note))
+            self._out += codec.notice_bytes(note)
 
     async def _send_rows(self, rows: Sequence[Sequence[Any]], columns: _Shape) -> None:
         encoders = columns.encoders
         for row in rows:
-            self._send(DataRow(tuple(enc(v) for enc, v in zip(encoders, row, strict=True))))
+            self._out += codec.data_row_bytes(
+                [enc(v) for enc, v in zip(encoders, row, strict=True)])
             if len(self._out) > FLUSH_AT:
                 await self._flush()
 
@@ -645,7 +692,7 @@ class ClientConnection:
         self._statements.pop("", None)
         self._portals.pop("", None)
         try:
-            pieces = [piece[0] for piece in split_statements(sql)]
+            pieces = list(_statement_texts(sql))
             if len(pieces) > 1:
                 await self._check_multi(pieces)
         except errors.Error as exc:
@@ -714,11 +761,11 @@ class ClientConnection:
     def _parse(self, message: Parse) -> None:
         if message.name and message.name in self._statements:
             raise ServerError("42P05", f"prepared statement \"{message.name}\" already exists")
-        pieces = split_statements(message.sql)
-        if len(pieces) > 1:
+        texts = _statement_texts(message.sql)
+        if len(texts) > 1:
             raise errors.SyntaxError("cannot insert multiple commands into a prepared "
                                      "statement")
-        text = pieces[0][0] if pieces else ""
+        text = texts[0] if texts else ""
         declared = message.param_oids
         count = max(paramtypes.count_parameters(text), len(declared))
         oids = list(declared) + [0] * (count - len(declared))
@@ -775,9 +822,12 @@ class ClientConnection:
         """Whether the client already sent Execute for this portal right after Describe
         (psycopg pipelines both): then the statement runs once, not described and run."""
         try:
-            following, _ = codec.parse_frontend(self._buffer)
+            peeked = codec.parse_frontend(self._buffer)
         except ProtocolViolation:
             return False
+        following = peeked[0]
+        if following is not None:
+            self._peeked = peeked  # the front of the buffer: the next read takes it as is
         return isinstance(following, Execute) and following.portal == portal
 
     async def _describe(self, message: Describe) -> None:
@@ -843,6 +893,11 @@ class ClientConnection:
         else:
             tag = f"SELECT {len(rows)}" if result.tag.startswith("SELECT ") else result.tag
             self._send(CommandComplete(tag))
+
+
+def _wake(waiter: asyncio.Future[None], _: object) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

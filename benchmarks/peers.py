@@ -740,7 +740,9 @@ def markdown(r: dict[str, Any]) -> str:
         "same whole-query budget: per statistic, the median over its outputs (groups) of "
         "each output's median and p95 relative error; suppressed = share of (group, run) "
         "outputs not released. Outputs where dpproxy's median absolute error ≤ "
-        "SmartNoise's: last column.",
+        "SmartNoise's, of those both released: last column; in brackets, of those both "
+        f"released in at least {STEADY_RELEASES} runs (a group released once has a "
+        "'median' of one draw).",
         "",
         "| query | statistic | dpproxy median rel. | dpproxy p95 rel. | dpproxy suppressed "
         "| SmartNoise median rel. | SmartNoise p95 rel. | SmartNoise suppressed "
@@ -796,13 +798,23 @@ def markdown(r: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+STEADY_RELEASES = 5
+
+
 def _wins(mine: dict[str, Any], theirs: dict[str, Any] | None, i: int) -> str:
     if not theirs:
         return "—"
-    pairs = [(v["median_abs"], theirs["per_output"][k]["median_abs"])
-             for k, v in mine["per_output"].items() if k.rsplit("/", 1)[-1] == str(i)
-             and v.get("released") and theirs["per_output"].get(k, {}).get("released")]
-    return f"{sum(a <= b for a, b in pairs)} of {len(pairs)}"
+
+    def wins(least: int) -> tuple[int, int]:
+        pairs = [(v["median_abs"], theirs["per_output"][k]["median_abs"])
+                 for k, v in mine["per_output"].items() if k.rsplit("/", 1)[-1] == str(i)
+                 and v.get("released", 0) >= least
+                 and theirs["per_output"].get(k, {}).get("released", 0) >= least]
+        return sum(a <= b for a, b in pairs), len(pairs)
+
+    (won, of), (steady_won, steady_of) = wins(1), wins(STEADY_RELEASES)
+    steady = f" ({steady_won} of {steady_of})" if steady_of != of else ""
+    return f"{won} of {of}{steady}"
 
 
 def _f(x: float | None) -> str:

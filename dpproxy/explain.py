@@ -10,7 +10,6 @@ from .analyze import AggregateCall
 from .mechanisms import half_width
 from .plan import QueryPlan, aggregate_epsilons, format_split
 from .quantiles import rank_error
-from .rewrite import counts_units
 from .selection import effective_threshold
 
 # Group sizes at which EXPLAIN quotes the expected error of AVG, VAR and STDDEV, whose
@@ -33,7 +32,7 @@ def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -
     lines = [
         f"DP query on {analysis.table.name} ({unit})",
         f"Cost: ε={cost.epsilon:g}, δ={cost.delta:g} ({options.mechanism}, basic composition, "
-        f"{split}{' and partition selection' if counts_units(plan) else ''}); "
+        f"{split}{' and partition selection' if plan.counts_units else ''}); "
         f"budget left before: ε={remaining.epsilon:.6g}, δ={remaining.delta:.3g}",
     ]
     for join in analysis.joins:

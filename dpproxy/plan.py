@@ -159,6 +159,12 @@ class QueryPlan:
     selection: SelectionSpec | None = None  # partition selection, for private group keys
 
     @property
+    def counts_units(self) -> bool:
+        """Whether its statements compute each group's count of distinct units (partition
+        selection by units; selection by the released count needs none)."""
+        return self.selection is not None and self.selection.counts_units
+
+    @property
     def reads_data(self) -> bool:
         return bool(self.measurements) or self.selection is not None
 

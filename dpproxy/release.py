@@ -128,10 +128,10 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
     drawn: dict[int, Sequence[float]] = {}  # measurements noised already, to select groups
     if selection is None:
         groups = [tuple(g) for g in itertools.product(*(k.values or () for k in analysis.keys))]
-    elif selection.measurement is None:
-        groups = _select_groups(selection, exact)
     else:
-        groups, drawn[selection.measurement] = _select_by_count(selection, exact)
+        groups, counts = _selected(selection, exact)
+        if selection.measurement is not None:  # the released count itself
+            drawn[selection.measurement] = counts
     zeros = tuple(0.0 for _ in plan.measurements)
     exact_rows = [exact.get(g, zeros) for g in groups]
 
@@ -285,43 +285,16 @@ def _half_widths(agg: AggregateCall, plan: QueryPlan) -> list[float]:
     return halves
 
 
-def _select_groups(selection: SelectionSpec, exact: dict[tuple[object, ...], tuple[float, ...]]
-                   ) -> list[tuple[object, ...]]:
-    """Groups whose noisy count of distinct units reaches the threshold, in key order.
-
-    The unit count is the last column of the backend's row. Sorting by key keeps the
-    backend's (data-dependent) row order out of the answer.
-    """
+def _selected(selection: SelectionSpec, exact: dict[tuple[object, ...], tuple[float, ...]]
+              ) -> tuple[list[tuple[object, ...]], list[float]]:
+    """Groups whose noisy count reaches the threshold, in key order, with those noisy
+    counts. The count is the backend row's last column (each group's units) when the
+    selection counts units, else the measurement it names (the released COUNT(*), whose
+    very draws are then released, so it costs its share once). Sorting by key keeps the
+    backend's (data-dependent) row order out of the answer."""
+    column = -1 if selection.measurement is None else selection.measurement
     candidates = list(exact)
-    counts = _finite_column(list(map(operator.itemgetter(-1), exact.values())))
-    noisy = release_many(counts, selection.noise)
-    threshold = effective_threshold(selection)
-    kept = list(itertools.compress(candidates,
-                                   map(operator.ge, noisy, itertools.repeat(threshold))))
-    if not _plain_keys(kept):
-        return sorted(kept, key=_key_order)
-    # one key column: its values sort as the 1-tuples do, and faster
-    return sorted(kept, key=operator.itemgetter(0)) if kept and len(kept[0]) == 1 \
-        else sorted(kept)
-
-
-def _plain_keys(groups: list[tuple[object, ...]]) -> bool:
-    """Whether _key_order sorts these groups as their key tuples sort by themselves: so it
-    does without NULLs and with one type per key column, as _key_order then only puts the
-    same (False, type name) before each value of a column."""
-    return all(len(set(map(type, column))) == 1 and type(column[0]) is not type(None)
-               for column in zip(*groups, strict=True))
-
-
-def _select_by_count(selection: SelectionSpec,
-                     exact: dict[tuple[object, ...], tuple[float, ...]]
-                     ) -> tuple[list[tuple[object, ...]], list[float]]:
-    """Groups whose released noisy COUNT(*) reaches the threshold, in key order, with those
-    noisy counts: the very draws that are released, so the count costs its share once."""
-    index = selection.measurement
-    assert index is not None
-    candidates = list(exact)
-    counts = _finite_column(list(map(operator.itemgetter(index), exact.values())))
+    counts = _finite_column(list(map(operator.itemgetter(column), exact.values())))
     noisy = release_many(counts, selection.noise)
     threshold = effective_threshold(selection)
     kept = list(itertools.compress(zip(candidates, noisy, strict=True),
@@ -333,6 +306,14 @@ def _select_by_count(selection: SelectionSpec,
     else:  # groups are distinct: the counts are never compared
         kept.sort(key=operator.itemgetter(0))
     return [g for g, _ in kept], [n for _, n in kept]
+
+
+def _plain_keys(groups: list[tuple[object, ...]]) -> bool:
+    """Whether _key_order sorts these groups as their key tuples sort by themselves: so it
+    does without NULLs and with one type per key column, as _key_order then only puts the
+    same (False, type name) before each value of a column."""
+    return all(len(set(map(type, column))) == 1 and type(column[0]) is not type(None)
+               for column in zip(*groups, strict=True))
 
 
 def _key_order(group: tuple[object, ...]) -> tuple[tuple[bool, str, object], ...]:

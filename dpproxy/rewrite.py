@@ -341,12 +341,12 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
         # the layout promised before generating must be the one generated
         assert (statement.key_columns, statement.measurement_columns, statement.salted,
                 statement.slots, statement.unit_counts) == (
-                    keys, columns, bounded and salted, slots, counts_units(plan))
+                    keys, columns, bounded and salted, slots, plan.counts_units)
         return statement.sql
 
     return Rewritten(keys, columns, salted, lambda: generate(True),
                      Unbounded(lambda: generate(False), _check_for(plan, dialect), slots),
-                     slots, counts_units(plan))
+                     slots, plan.counts_units)
 
 
 _checks: OrderedDict[tuple[object, ...], tuple[TablePolicy, BoundCheck]] = OrderedDict()
@@ -485,7 +485,7 @@ def _statement(plan: QueryPlan, dialect: str, bounded: bool) -> Rewritten:
         else:
             agg = exp.Count(this=exp.Star())
         outer_items.append(exp.alias_(agg, measurement.column))
-    if plan.selection is not None and plan.selection.counts_units:
+    if plan.counts_units:
         # each group's count of distinct units (one kept pair each), for partition selection
         units = (exp.Count(this=exp.column(UNIT)) if pairs
                  else exp.Count(this=exp.Distinct(expressions=[exp.column(UNIT)]))
@@ -504,7 +504,7 @@ def _statement(plan: QueryPlan, dialect: str, bounded: bool) -> Rewritten:
     salted = pairs and bool(analysis.keys)
     statement, slots = _generate(outer, plan, dialect, salted)
     return Rewritten(key_names, tuple(m.column for m in plan.measurements), salted,
-                     lambda: statement, slots=slots, unit_counts=counts_units(plan))
+                     lambda: statement, slots=slots, unit_counts=plan.counts_units)
 
 
 
@@ -858,7 +858,7 @@ def _rewrite_binned(plan: QueryPlan, dialect: str, source: exp.Expression,
         inner_items.append(exp.alias_(partial(measurement, value_name), column))
         outer_items.append(exp.alias_(exp.Sum(this=exp.column(column)), column))
     inner_items.append(exp.alias_(exp.Count(this=exp.Star()), BIN_ROWS))
-    if plan.selection is not None and plan.selection.counts_units:
+    if plan.counts_units:
         units = exp.Sum(this=first_row.copy()) if unit else exp.Count(this=exp.Star())
         inner_items.append(exp.alias_(units, SELECTION))
         outer_items.append(exp.alias_(exp.Sum(this=exp.column(SELECTION)), SELECTION))
@@ -875,12 +875,7 @@ def _rewrite_binned(plan: QueryPlan, dialect: str, source: exp.Expression,
     salted = unit and bool(key_names)
     statement, slots = _generate(outer, plan, dialect, bool(salted))
     return Rewritten(key_names, tuple(m.column for m in plan.measurements), salted,
-                     lambda: statement, slots=slots, unit_counts=counts_units(plan))
-
-
-def counts_units(plan: QueryPlan) -> bool:
-    """Whether the plan's statements compute each group's count of distinct units."""
-    return plan.selection is not None and plan.selection.counts_units
+                     lambda: statement, slots=slots, unit_counts=plan.counts_units)
 
 
 def slot_count(plan: QueryPlan) -> int:

@@ -46,7 +46,7 @@ from .plan import (
 from .policy import AnalystPolicy, Policy, env_password, load_policy
 from .postprocess import evaluate
 from .release import ColumnAccuracy, Interval, Released, release
-from .rewrite import Rewritten, counts_units, rewrite
+from .rewrite import Rewritten, rewrite
 from .shapes import intact, lift, parameter_value, unlift
 
 OPTION_PREFIX = "dpproxy."
@@ -246,7 +246,7 @@ class Engine:
         """The backend statement for a plan, cached by normalized query: it depends only on
         the analysis, this engine's policy and how the plan selects groups (the salt is
         bound per execution)."""
-        key = (plan.analysis.statement, counts_units(plan))
+        key = (plan.analysis.statement, plan.counts_units)
         with self._lock:
             cached = self._rewrites.get(key)
             if cached is not None:
@@ -442,7 +442,7 @@ class Session:
             plan = plan_query(replace(analysis, statement=shape.text), self.options)
             # (the options may since select groups otherwise, needing another statement:
             # then planned as a miss)
-            if rewritten.unit_counts == counts_units(plan):
+            if rewritten.unit_counts == plan.counts_units:
                 return plan, (rewritten, values)
         if rebind:
             assert statement.template is not None

@@ -338,9 +338,10 @@ def test_selections_keep_key_order(groups: list[tuple[object, ...]],
     monkeypatch.setattr(r, "release_many", lambda values, spec: list(values))
     counts = [5, 1, 7, 9, 3]
     exact = {g: (float(c), float(c)) for g, c in zip(groups, counts, strict=True)}
-    spec = SimpleNamespace(noise=None, threshold=3, min_units=0, measurement=0)
+    by_units = SimpleNamespace(noise=None, threshold=3, min_units=0, measurement=None)
+    by_count = SimpleNamespace(noise=None, threshold=3, min_units=0, measurement=0)
     expected = sorted((g for g, c in zip(groups, counts, strict=True) if c >= 3),
                       key=r._key_order)
-    assert r._select_groups(spec, exact) == expected  # type: ignore[arg-type]
-    kept, noisy = r._select_by_count(spec, exact)  # type: ignore[arg-type]
+    assert r._selected(by_units, exact)[0] == expected  # type: ignore[arg-type]
+    kept, noisy = r._selected(by_count, exact)  # type: ignore[arg-type]
     assert kept == expected and noisy == [exact[g][0] for g in expected]

@@ -301,17 +301,8 @@ class ClientConnection:
         """Wait at most `timeout` seconds for the pending read (never cancelling it);
         whether it is done."""
         if not read.done():
-            waiter = self._loop.create_future()
-            wake = functools.partial(_wake, waiter)
-            read.add_done_callback(wake)
-            timer = self._loop.call_later(timeout, wake, None) if timeout is not None \
-                else None
-            try:
-                await waiter
-            finally:
-                read.remove_done_callback(wake)
-                if timer is not None:
-                    timer.cancel()
+            await _first_done(self._loop, [read],
+                              None if timeout is None else self._loop.time() + timeout)
         return read.done()
 
     # lifecycle --------------------------------------------------------------------------------
@@ -539,21 +530,8 @@ class ClientConnection:
             read = None if self._eof else self._pending_read()
             if not future.done() and not (read is not None and read.done()):
                 # woken by whichever comes first: the result, the client, the deadline
-                waiter = self._loop.create_future()
-                wake = functools.partial(_wake, waiter)
-                future.add_done_callback(wake)
-                if read is not None:
-                    read.add_done_callback(wake)
-                timer = self._loop.call_at(deadline, wake, None) if deadline is not None \
-                    else None
-                try:
-                    await waiter
-                finally:
-                    future.remove_done_callback(wake)
-                    if read is not None:
-                        read.remove_done_callback(wake)
-                    if timer is not None:
-                        timer.cancel()
+                await _first_done(self._loop, [future] if read is None else [future, read],
+                                  deadline)
             if future.done():
                 if job.cancelled and not job.charged:
                     raise QueryCanceled(job.reason, detail="nothing was charged")
@@ -893,6 +871,24 @@ class ClientConnection:
         else:
             tag = f"SELECT {len(rows)}" if result.tag.startswith("SELECT ") else result.tag
             self._send(CommandComplete(tag))
+
+
+async def _first_done(loop: asyncio.AbstractEventLoop, futures: list[asyncio.Future[Any]],
+                      deadline: float | None) -> None:
+    """Wait until one of `futures` is done or the loop's clock reaches `deadline`, never
+    cancelling them (lighter than asyncio.wait: no task, no set)."""
+    waiter = loop.create_future()
+    wake = functools.partial(_wake, waiter)
+    for future in futures:
+        future.add_done_callback(wake)
+    timer = loop.call_at(deadline, wake, None) if deadline is not None else None
+    try:
+        await waiter
+    finally:
+        for future in futures:
+            future.remove_done_callback(wake)
+        if timer is not None:
+            timer.cancel()
 
 
 def _wake(waiter: asyncio.Future[None], _: object) -> None:

@@ -21,13 +21,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import duckdb
-import psycopg
 import pytest
 
 from dpproxy.backends import Backend, open_backend
 from dpproxy.policy import Policy, load_policy
 from tests.exact import assert_within_bounds, exact_rows, plan_for
+from tests.tables import backend_section, duckdb_with, postgres_with
 
 ANALYST = "bob"  # the analyst of this file's policy
 
@@ -96,38 +95,25 @@ def heavy_rows() -> list[tuple[Any, ...]]:
 TABLES = {"e": even_rows(), "h": heavy_rows() + light_rows(), "h0": light_rows()}
 
 
+COLUMNS = "uid INTEGER NOT NULL, g TEXT, v INTEGER, x DOUBLE PRECISION"
+
+
 @pytest.fixture(scope="module")
 def duckdb_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("bounding") / "bounding.duckdb"
-    con = duckdb.connect(str(path))
-    for name, rows in TABLES.items():
-        con.execute(f"CREATE TABLE {name} (uid INTEGER NOT NULL, g VARCHAR, v INTEGER, "
-                    "x DOUBLE)")
-        con.executemany(f"INSERT INTO {name} VALUES (?, ?, ?, ?)", rows)
-    con.close()
-    return path
+    return duckdb_with(tmp_path_factory.mktemp("bounding") / "bounding.duckdb",
+                       {name: (COLUMNS, rows) for name, rows in TABLES.items()})
 
 
 @pytest.fixture(scope="module")
 def postgres_dsn(pg_dsn: str) -> Iterator[str]:
-    from tests.pg import scratch_database
-
-    with scratch_database(pg_dsn) as dsn:
-        with psycopg.connect(dsn) as con, con.cursor() as cur:
-            for name, rows in TABLES.items():
-                cur.execute(f"CREATE TABLE {name} (uid INTEGER NOT NULL, g TEXT, v INTEGER, "
-                            "x DOUBLE PRECISION)")
-                cur.executemany(f"INSERT INTO {name} VALUES (%s, %s, %s, %s)", rows)
+    with postgres_with(pg_dsn, {name: (COLUMNS, rows) for name, rows in TABLES.items()}) \
+            as dsn:
         yield dsn
 
 
 @pytest.fixture(params=["duckdb", "postgres"])
 def policy(request: pytest.FixtureRequest, tmp_path: Path) -> Policy:
-    if request.param == "duckdb":
-        path = request.getfixturevalue("duckdb_file")
-        backend = f'kind = "duckdb"\npath = "{path.as_posix()}"'
-    else:
-        backend = f'kind = "postgres"\ndsn = "{request.getfixturevalue("postgres_dsn")}"'
+    backend = backend_section(request)
     tables = "\n".join(TABLE.replace("NAME", name) for name in TABLES)
     file = tmp_path / "bounding.toml"
     file.write_text(POLICY.replace("BACKEND", backend).replace("TABLES", tables))

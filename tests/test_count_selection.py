@@ -17,8 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import duckdb
-import psycopg
 import pytest
 
 from dpproxy import errors
@@ -35,6 +33,7 @@ from dpproxy.selection import (
     single_unit_release_probability,
 )
 from dpproxy.session import Engine
+from tests.tables import Tables, backend_section, duckdb_with, postgres_with
 
 MAX_ROWS = 10
 EPSILON, DELTA = 1.0, 1e-9
@@ -104,37 +103,24 @@ def s_rows() -> list[tuple[Any, ...]]:
 COLUMNS = "uid INTEGER NOT NULL, c TEXT, v INTEGER NOT NULL, w INTEGER"
 
 
+TABLES: Tables = {"s": (COLUMNS, s_rows()), "r1": ("uid INTEGER NOT NULL, c TEXT", [])}
+
+
 @pytest.fixture(scope="module")
 def duckdb_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("count-selection") / "s.duckdb"
-    con = duckdb.connect(str(path))
-    con.execute(f"CREATE TABLE s ({COLUMNS})")
-    con.executemany("INSERT INTO s VALUES (?, ?, ?, ?)", s_rows())
-    con.execute("CREATE TABLE r1 (uid INTEGER NOT NULL, c TEXT)")
-    con.close()
-    return path
+    return duckdb_with(tmp_path_factory.mktemp("count-selection") / "s.duckdb", TABLES)
 
 
 @pytest.fixture(scope="module")
 def postgres_dsn(pg_dsn: str) -> Iterator[str]:
-    from tests.pg import scratch_database
-
-    with scratch_database(pg_dsn) as dsn:
-        with psycopg.connect(dsn) as con, con.cursor() as cur:
-            cur.execute(f"CREATE TABLE s ({COLUMNS})")
-            cur.executemany("INSERT INTO s VALUES (%s, %s, %s, %s)", s_rows())
-            cur.execute("CREATE TABLE r1 (uid INTEGER NOT NULL, c TEXT)")
+    with postgres_with(pg_dsn, TABLES) as dsn:
         yield dsn
 
 
 @pytest.fixture(params=["duckdb", "postgres"])
 def policy_file(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
-    if request.param == "duckdb":
-        backend = f'kind = "duckdb"\npath = "{request.getfixturevalue("duckdb_file").as_posix()}"'
-    else:
-        backend = f'kind = "postgres"\ndsn = "{request.getfixturevalue("postgres_dsn")}"'
     file = tmp_path / "count-selection.toml"
-    file.write_text(POLICY.replace("BACKEND", backend))
+    file.write_text(POLICY.replace("BACKEND", backend_section(request)))
     return file
 
 

@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import psycopg
 import pytest
 from sqlglot import exp
@@ -29,6 +28,7 @@ from dpproxy.rewrite import rewrite
 from dpproxy.session import Engine
 from tests.conftest import PolicyFactory
 from tests.exact import assert_within_bounds, exact_rows, plan_for
+from tests.tables import backend_section, duckdb_with, postgres_with
 
 ANALYST = "bob"
 MAX_ROWS, MAX_GROUPS = 2, 2
@@ -100,24 +100,14 @@ COLUMNS = "uid INTEGER NOT NULL, g TEXT, c TEXT, v INTEGER, x DOUBLE PRECISION"
 
 @pytest.fixture(scope="module")
 def duckdb_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("verified") / "verified.duckdb"
-    con = duckdb.connect(str(path))
-    for name, rows in TABLES.items():
-        con.execute(f"CREATE TABLE {name} ({COLUMNS.replace('PRECISION', '')})")
-        con.executemany(f"INSERT INTO {name} VALUES (?, ?, ?, ?, ?)", rows)
-    con.close()
-    return path
+    return duckdb_with(tmp_path_factory.mktemp("verified") / "verified.duckdb",
+                       {name: (COLUMNS, rows) for name, rows in TABLES.items()})
 
 
 @pytest.fixture(scope="module")
 def postgres_dsn(pg_dsn: str) -> Iterator[str]:
-    from tests.pg import scratch_database
-
-    with scratch_database(pg_dsn) as dsn:
-        with psycopg.connect(dsn) as con, con.cursor() as cur:
-            for name, rows in TABLES.items():
-                cur.execute(f"CREATE TABLE {name} ({COLUMNS})")
-                cur.executemany(f"INSERT INTO {name} VALUES (%s, %s, %s, %s, %s)", rows)
+    with postgres_with(pg_dsn, {name: (COLUMNS, rows) for name, rows in TABLES.items()}) \
+            as dsn:
         yield dsn
 
 
@@ -130,11 +120,7 @@ def write_policy(tmp_path: Path, backend: str, extra: str = "") -> Path:
 
 @pytest.fixture(params=["duckdb", "postgres"])
 def policy(request: pytest.FixtureRequest, tmp_path: Path) -> Policy:
-    if request.param == "duckdb":
-        backend = f'kind = "duckdb"\npath = "{request.getfixturevalue("duckdb_file").as_posix()}"'
-    else:
-        backend = f'kind = "postgres"\ndsn = "{request.getfixturevalue("postgres_dsn")}"'
-    return load_policy(write_policy(tmp_path, backend))
+    return load_policy(write_policy(tmp_path, backend_section(request)))
 
 
 @pytest.fixture

@@ -26,7 +26,11 @@ is stored before it is returned (committed, but without waiting for its own fsyn
 Group commit: on SQLite, charges made at the same time by the threads sharing a Ledger are
 committed together: whichever thread takes the ledger's lock runs every queued charge in
 one ``BEGIN IMMEDIATE … COMMIT`` (one fsync), each under its own savepoint so a refused
-charge is rolled back alone, and every caller returns only after that COMMIT.
+charge is rolled back alone, and every caller returns only after that COMMIT. Stored
+answers join the same batches (a batch of answers alone commits without waiting for
+fsync). Writers in other processes on the same file wait on an OS lock (flock) held for
+each write transaction, which wakes them as soon as it is free, rather than in SQLite's
+busy handler, which sleeps up to 100 ms between tries.
 
 Storage: one Ledger class holds every rule; a small storage adapter says how to talk to
 the database. `SQLiteStorage` (the default, one proxy): one connection per Ledger guarded
@@ -54,6 +58,11 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Generic, Protocol, TypeVar
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: SQLite's busy timeout alone
+    fcntl = None  # type: ignore[assignment]
 
 from .errors import (
     BudgetExceeded,
@@ -341,6 +350,58 @@ def _set_wal(db: Any, timeout: float) -> None:
             time.sleep(0.005)
 
 
+class _WriterLock:
+    """An OS lock (flock) on the ledger file, held around each write transaction.
+
+    SQLite's own lock is what keeps writers apart; this one only makes waiting cheap. A
+    writer in another process (`dpproxy serve --workers N` shares one ledger) that finds
+    SQLite's lock taken sleeps in SQLite's busy handler 1, 2, 5, … up to 100 ms between
+    tries, and its whole group commit (every query it carries) waits that long, with the
+    core idle; here it polls a lock held only for one commit, from 50 µs up to 1 ms
+    apart. After `timeout` it goes on without it, to SQLite's busy timeout, whose error
+    is the ledger's. Without flock (not POSIX) or on a file it cannot open, a no-op."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        self._path, self._timeout = path, timeout
+        self._fd: int | None = None
+        self._held = False
+
+    def acquire(self) -> None:
+        if fcntl is None:
+            return
+        if self._fd is None:
+            try:
+                self._fd = os.open(self._path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except OSError:  # e.g. ":memory:": SQLite's lock alone
+                return
+        pause, deadline = 50e-6, None
+        while True:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._held = True
+                return
+            except BlockingIOError:
+                pass
+            now = time.monotonic()
+            deadline = deadline if deadline is not None else now + self._timeout
+            if now > deadline:
+                return
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            assert fcntl is not None and self._fd is not None
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        self.release()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 def _zcdp_spent_epsilon(rho: Decimal, outside_delta: Decimal, budget_delta: Decimal) -> float:
     """The ε that summed ρ converts to at the δ left after the δ spent outside zCDP."""
     if rho <= 0:
@@ -379,6 +440,7 @@ class SQLiteStorage:
         self.name = self.path
         self.timeout = timeout
         self.errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
+        self._writer = _WriterLock(self.path, timeout)
 
     def connect(self) -> sqlite3.Connection:
         try:
@@ -398,24 +460,38 @@ class SQLiteStorage:
     def usable(self, db: Any) -> bool:
         return True
 
+    def close(self) -> None:
+        """Release what the storage holds besides its connections (the writer lock)."""
+        self._writer.close()
+
     # One connection per Ledger and one write lock per file: a batch of charges can
     # share a transaction without any risk of deadlock.
     group_commit = True
 
     def begin_write(self, db: Any) -> None:
-        db.execute("BEGIN IMMEDIATE")  # the file's write lock serializes every writer
+        self._writer.acquire()
+        try:
+            db.execute("BEGIN IMMEDIATE")  # the file's write lock serializes every writer
+        except BaseException:
+            self._writer.release()
+            raise
+
+    def end_write(self, db: Any) -> None:
+        """After the COMMIT or ROLLBACK of a transaction begun by `begin_write`."""
+        self._writer.release()
 
     def begin_lazy_write(self, db: Any) -> None:
         """A write transaction whose COMMIT does not wait for fsync (WAL, synchronous
         NORMAL): it survives a killed process, and the next durable commit syncs it."""
         db.execute("PRAGMA synchronous = NORMAL")  # per connection, set outside transactions
         try:
-            db.execute("BEGIN IMMEDIATE")
+            self.begin_write(db)
         except BaseException:
             db.execute("PRAGMA synchronous = FULL")
             raise
 
     def end_lazy_write(self, db: Any) -> None:
+        self.end_write(db)
         db.execute("PRAGMA synchronous = FULL")
 
     def begin_read(self, db: Any) -> None:
@@ -520,6 +596,9 @@ class PostgresStorage:
     def usable(self, db: Any) -> bool:
         return not (db.conn.closed or db.conn.broken)
 
+    def close(self) -> None:
+        """Nothing besides the connections."""
+
     # Charges lock account rows in sorted order per charge; a batch of several charges
     # could lock them out of order against another proxy's batch and deadlock: one
     # charge per transaction.
@@ -527,6 +606,9 @@ class PostgresStorage:
 
     def begin_write(self, db: Any) -> None:
         db.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+
+    def end_write(self, db: Any) -> None:
+        """Nothing to do: the row locks ended with the transaction."""
 
     def begin_lazy_write(self, db: Any) -> None:
         """A write transaction whose COMMIT does not wait for the WAL flush."""
@@ -583,8 +665,9 @@ Storage = SQLiteStorage | PostgresStorage
 class _Pending(Generic[T]):
     """One caller's work waiting for a group commit."""
 
-    def __init__(self, work: Callable[[Any], T]) -> None:
+    def __init__(self, work: Callable[[Any], T], durable: bool = True) -> None:
         self.work = work
+        self.durable = durable  # False: may commit without waiting for fsync
         self.result: T | None = None
         self.error: BaseException | None = None
         self.done = False
@@ -685,15 +768,18 @@ class Ledger:
                 if db.in_transaction:  # an error before or during COMMIT: write nothing
                     with suppress(*self._store.errors):
                         db.execute("ROLLBACK")
+                self._store.end_write(db)
 
-    def _batched(self, work: Callable[[Any], T]) -> T:
+    def _batched(self, work: Callable[[Any], T], durable: bool = True) -> T:
         """Run `work(db)` in a durable write transaction, shared (group commit) with the
         work other threads queued meanwhile; its exception is raised here, and only its
-        own writes are undone. Returns after the COMMIT that made its writes durable."""
+        own writes are undone. Returns after the COMMIT that made its writes durable.
+        Not `durable`: the COMMIT need not wait for fsync (`begin_lazy_write`) unless
+        other work in the same batch is durable."""
         if not (self._fast and self._store.group_commit):
             with self._write() as db:
                 return work(db)
-        pending: _Pending[T] = _Pending(work)
+        pending: _Pending[T] = _Pending(work, durable)
         with self._batches:
             self._queue.append(pending)
             # One thread commits at a time, everything queued by the time it holds the
@@ -732,8 +818,14 @@ class Ledger:
         return pending.result  # type: ignore[return-value]
 
     def _commit_batch(self, db: Any, batch: list[_Pending[Any]]) -> None:
+        begun = False
+        durable = any(pending.durable for pending in batch)
         try:
-            self._store.begin_write(db)
+            if durable:
+                self._store.begin_write(db)
+            else:
+                self._store.begin_lazy_write(db)
+            begun = True
             # a charge alone in its transaction is undone by undoing the transaction
             alone = len(batch) == 1
             for pending in batch:
@@ -760,6 +852,10 @@ class Ledger:
             if not isinstance(exc, Exception):
                 raise
         finally:
+            if begun and durable:
+                self._store.end_write(db)
+            elif begun:
+                self._store.end_lazy_write(db)
             for pending in batch:
                 pending.done = True
 
@@ -993,6 +1089,10 @@ class Ledger:
             with self._write() as db:
                 db.execute(sql, (answer, analyst, key, charge_id))
             return
+        if self._store.group_commit:  # with the charges committing meanwhile, if any
+            self._batched(lambda db: db.execute(sql, (answer, analyst, key, charge_id)),
+                          durable=False)
+            return
         with self._sql() as db:
             self._store.begin_lazy_write(db)
             try:
@@ -1132,6 +1232,7 @@ class Ledger:
             if self._db is not None:
                 self._db.close()
                 self._db = None
+            self._store.close()
 
     def __enter__(self) -> Ledger:
         return self

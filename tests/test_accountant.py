@@ -3,6 +3,7 @@ across threads and processes, durability across a killed process, schema version
 
 from __future__ import annotations
 
+import os
 import secrets
 import signal
 import sqlite3
@@ -714,3 +715,105 @@ def test_32_threads_release_exactly_the_budget(ledger_at: LedgerAt) -> None:
     assert len(wins) == 40
     with ledger_at(name, {ALICE: Cost(4.0)}) as ledger:
         assert ledger.status(ALICE).spent == Cost(4.0, 0.0)
+
+
+# -- writers across processes wait on an OS lock, answers ride the charges' commits ---------
+
+def _lock_is_free(path: Path) -> bool:
+    """Whether another open file description can take the ledger's writer lock now."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return True
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+def test_writer_lock_is_held_exactly_during_write_transactions(tmp_path: Path) -> None:
+    path = tmp_path / "w.db"
+    seen: list[bool] = []
+    with Ledger(path, {ALICE: Cost(1.0)}) as ledger:
+        assert _lock_is_free(path)
+        # observed from inside a charge's transaction, then after it, after a refused
+        # charge, after an answer stored and after an admin write
+        ledger._batched(lambda db: seen.append(_lock_is_free(path)))
+        assert seen == [False]
+        charge = ledger.charge([ALICE], Cost(0.5), analyst="alice", statement="q", claim="k")
+        assert _lock_is_free(path)
+        with pytest.raises(BudgetExceeded):
+            spend(ledger, Cost(0.75))
+        assert _lock_is_free(path)
+        ledger.store_answer("alice", "k", charge.charge_id, "[1]")
+        assert _lock_is_free(path)
+        ledger.reset(ALICE, by="admin")
+        assert _lock_is_free(path)
+        found = ledger.lookup_answer("alice", "k")
+        assert found is not None and found.answer == "[1]"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+def test_a_writer_waits_for_the_lock_then_writes(tmp_path: Path) -> None:
+    """Another process's writer holds the lock: a charge waits for it rather than failing,
+    and goes through once it is released."""
+    import fcntl
+
+    path = tmp_path / "w.db"
+    Ledger(path, {ALICE: Cost(1.0)}).close()
+    fd = os.open(path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    done = threading.Event()
+
+    def charge() -> None:
+        with Ledger(path, {ALICE: Cost(1.0)}) as ledger:
+            spend(ledger, Cost(0.25))
+        done.set()
+
+    thread = threading.Thread(target=charge)
+    thread.start()
+    try:
+        assert not done.wait(0.3)  # still waiting on the lock held here
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    thread.join(timeout=30)
+    assert done.is_set()
+    with Ledger(path, {ALICE: Cost(1.0)}) as ledger:
+        assert ledger.status(ALICE).spent == Cost(0.25, 0.0)
+
+
+def test_answers_stored_among_concurrent_charges_are_all_kept(ledger_at: LedgerAt) -> None:
+    """16 threads on one Ledger each charge with a claim and store its answer: answers share
+    commits with other threads' charges, and every one is there afterwards."""
+    with ledger_at("a.db", {ALICE: Cost(100.0)}) as ledger:
+        barrier = threading.Barrier(16, timeout=30)
+        errors: list[BaseException] = []
+
+        def worker(n: int) -> None:
+            try:
+                barrier.wait()
+                for i in range(10):
+                    key = f"k{n}-{i}"
+                    charge = ledger.charge([ALICE], Cost(0.5), analyst="alice",
+                                           statement="q", claim=key)
+                    ledger.store_answer("alice", key, charge.charge_id, f"[{n}, {i}]")
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors and not any(t.is_alive() for t in threads)
+        for n in range(16):
+            for i in range(10):
+                found = ledger.lookup_answer("alice", f"k{n}-{i}")
+                assert found is not None and found.answer == f"[{n}, {i}]"
+        assert ledger.status(ALICE).spent == Cost(80.0, 0.0)

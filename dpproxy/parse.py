@@ -51,6 +51,9 @@ _WRITE_KINDS = (exp.Insert, exp.Update, exp.Delete, exp.Merge, exp.Create, exp.D
                 exp.Copy, exp.TruncateTable)
 
 Parameters = Sequence[Any] | Mapping[str, Any] | None
+# meta key of a literal bound from a positional parameter: (the parameter's 0-based index,
+# whether binding negated it: a negative value binds as -literal)
+PARAMETER = "dpproxy_parameter"
 PARSE_CACHE_SIZE = 1024
 # "off" parses every string afresh, for A/B benchmarks.
 _PARSE_CACHE_ON = os.environ.get("DPPROXY_PARSE_CACHE", "on").lower() != "off"
@@ -124,8 +127,11 @@ def clear_parse_cache() -> None:
         _parsed.clear()
 
 
-def parse_statements(sql: str, params: Parameters = None) -> list[Statement]:
-    """Parse every statement of a string; parameters apply to the one query among them."""
+def parse_statements(sql: str, params: Parameters = None, *, bind: bool = True
+                     ) -> list[Statement]:
+    """Parse every statement of a string; parameters apply to the one query among them.
+    Not `bind`: a SELECT with placeholders comes unbound (`ast` None, its `template` and
+    `params` set), for the caller to bind with `bound` only if it needs the tree."""
     with _parsed_lock:
         unbound = _parsed.get(sql)
         if unbound is not None:
@@ -138,8 +144,24 @@ def parse_statements(sql: str, params: Parameters = None) -> list[Statement]:
                 if len(_parsed) > PARSE_CACHE_SIZE:
                     _parsed.popitem(last=False)
     # Each statement with a query binds the parameters in turn, as they were parsed.
-    return [replace(s, ast=bind_parameters(s.ast, params, copy=True), template=s.ast,
-                    params=params) if s.ast is not None else s for s in unbound]
+    return [s if s.ast is None
+            else replace(s, ast=None, template=s.ast, params=params)
+            if not bind and s.kind == "select" and params
+            else replace(s, ast=bind_parameters(s.ast, params, copy=True), template=s.ast,
+                         params=params) for s in unbound]
+
+
+def bound(statement: Statement) -> Statement:
+    """A statement from `parse_statements(..., bind=False)` with its parameters bound."""
+    if statement.ast is not None or statement.template is None:
+        return statement
+    return replace(statement, ast=bind_parameters(statement.template, statement.params,
+                                                  copy=True))
+
+
+def placeholder_count(template: exp.Expression) -> int:
+    """How many placeholder nodes a query's tree holds."""
+    return sum(1 for _ in template.find_all(exp.Placeholder, exp.Parameter))
 
 
 def _parse_unbound(sql: str, params: Parameters) -> tuple[Statement, ...]:
@@ -371,7 +393,13 @@ def bind_parameters(ast: exp.Expression, params: Parameters, *, copy: bool = Fal
 
     def swap(node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Placeholder | exp.Parameter):
-            return to_literal(value_for(node))
+            literal = to_literal(value_for(node))
+            if not isinstance(params, Mapping):  # which parameter it came from
+                negated = isinstance(literal, exp.Neg)
+                number = literal.this if negated else literal
+                number.meta[PARAMETER] = (used - 1 if not isinstance(node, exp.Parameter)
+                                          else int(node.name) - 1, negated)
+            return literal
         return node
 
     bound = ast.transform(swap)
@@ -387,7 +415,7 @@ def to_literal(value: Any) -> exp.Expression:
     if isinstance(value, bool):
         return exp.Boolean(this=value)
     if isinstance(value, int | float | decimal.Decimal):
-        if isinstance(value, float) and not math.isfinite(value):
+        if not (value.is_finite() if isinstance(value, decimal.Decimal) else math.isfinite(value)):
             raise ProgrammingError(f"{value} is not a valid parameter: use a finite number")
         node = exp.Literal.number(abs(value))
         return exp.Neg(this=node) if value < 0 else node

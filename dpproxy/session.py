@@ -34,7 +34,14 @@ from .accountant import (
 from .analyze import Analysis, ConstantQuery, analyze
 from .audit import AuditLog, AuditRecord
 from .backends import Backend, open_backend
-from .parse import Parameters, Statement, bind_parameters, parse_statements
+from .parse import (
+    Parameters,
+    Statement,
+    bind_parameters,
+    bound,
+    parse_statements,
+    placeholder_count,
+)
 from .plan import (
     SELECTION_MODES,
     QueryOptions,
@@ -47,7 +54,7 @@ from .policy import AnalystPolicy, Policy, env_password, load_policy
 from .postprocess import evaluate
 from .release import ColumnAccuracy, Interval, Released, release
 from .rewrite import Rewritten, rewrite
-from .shapes import intact, lift, parameter_value, unlift
+from .shapes import Shape, TemplateShape, intact, lift, parameter_value, unlift
 
 OPTION_PREFIX = "dpproxy."
 OPTIONS = ("epsilon", "delta", "mechanism", "confidence", "min_units_per_group", "split",
@@ -189,6 +196,8 @@ class Engine:
         # (analyst, shape key) → the accepted analysis of a query of that shape (its WHERE
         # holding the shape's slots), and the backend statement of that analysis
         self._shapes: OrderedDict[tuple[str, str], tuple[Analysis, Rewritten]] = OrderedDict()
+        # parameterized texts whose parameters all land in slots: text → its template
+        self._templates: OrderedDict[str, TemplateShape | None] = OrderedDict()
 
     def shape(self, analyst: str, key: str) -> tuple[Analysis, Rewritten] | None:
         """The analysis and backend statement of an accepted query of this shape."""
@@ -204,6 +213,22 @@ class Engine:
             self._shapes[(analyst, key)] = (analysis, rewritten)
             if len(self._shapes) > REWRITE_CACHE_SIZE:
                 self._shapes.popitem(last=False)
+
+    def template(self, text: str) -> TemplateShape | None:
+        """How this parameterized text's shape prints for new parameter values, if known."""
+        with self._lock:
+            return self._templates.get(text)
+
+    def knows_template(self, text: str) -> bool:
+        with self._lock:
+            return text in self._templates
+
+    def remember_template(self, text: str, template: TemplateShape | None) -> None:
+        """Remember a text's template (None: its parameters do not all land in slots)."""
+        with self._lock:
+            self._templates[text] = template
+            if len(self._templates) > REWRITE_CACHE_SIZE:
+                self._templates.popitem(last=False)
 
     def output_names(self, statement: Statement) -> tuple[str, ...] | None:
         """The output names of this text with these parameters, if it was accepted before."""
@@ -344,7 +369,8 @@ class Session:
         """Run one statement string; with several (session statements around at most one
         query), return the last statement's result."""
         try:
-            statements = parse_statements(sql, params)
+            # a query is bound only if its parameters do not fill a known shape's slots
+            statements = parse_statements(sql, params, bind=not SHAPE_CACHE)
             queries = [s for s in statements if not s.is_session_statement]
             if len(statements) > 1 and len(queries) > 1:
                 raise errors.NotSupportedError(
@@ -383,6 +409,7 @@ class Session:
         try:
             if statement.kind == "select":
                 return self._query(statement)
+            statement = bound(statement)
             if statement.kind == "explain":
                 return self._explain(statement)
             result = self._session_statement(statement)
@@ -430,20 +457,11 @@ class Session:
         # is analysed on a new binding.
         rebind = statement.template is not None
         shape = lift(ast, copy=not rebind)
+        hit = self._of_shape(statement, shape)
+        if hit is not None:
+            self._remember_template(statement, shape)
+            return hit
         values = tuple(parameter_value(v) for v in shape.values)
-        # printed with the shape, so the answer cache's key needs no printing of its own
-        self._printed = (statement, shape.normalized)
-        self.engine.remember_normalized(statement, shape.normalized)
-        cached = self.engine.shape(self.analyst.name, shape.key)
-        if cached is not None:
-            analysis, rewritten = cached
-            # Everything but the WHERE literals (which the statement carries as parameters)
-            # and the text is the shape's, accepted for every value of them.
-            plan = plan_query(replace(analysis, statement=shape.text), self.options)
-            # (the options may since select groups otherwise, needing another statement:
-            # then planned as a miss)
-            if rewritten.unit_counts == plan.counts_units:
-                return plan, (rewritten, values)
         if rebind:
             assert statement.template is not None
             statement = replace(statement, ast=bind_parameters(
@@ -465,9 +483,54 @@ class Session:
                 if rewritten.slots == len(values):
                     self.engine.remember_shape(self.analyst.name, shape.key,
                                                planned.analysis, rewritten)
+                    self._remember_template(statement, shape)
                     return planned, (rewritten, values)
         unlift(ast)  # not a cacheable shape: planned with its literals as they are
         return self._plan(statement), None
+
+    def _of_shape(self, statement: Statement, shape: Shape
+                  ) -> tuple[QueryPlan, tuple[Rewritten, tuple[object, ...]]] | None:
+        """The plan and backend statement of a query of an accepted shape; None if the shape
+        is not cached (or the options now select groups otherwise)."""
+        # printed with the shape, so the answer cache's key needs no printing of its own
+        self._printed = (statement, shape.normalized)
+        self.engine.remember_normalized(statement, shape.normalized)
+        cached = self.engine.shape(self.analyst.name, shape.key)
+        if cached is None:
+            return None
+        analysis, rewritten = cached
+        # Everything but the WHERE literals (which the statement carries as parameters)
+        # and the text is the shape's, accepted for every value of them.
+        plan = plan_query(replace(analysis, statement=shape.text), self.options)
+        # (the options may since select groups otherwise, needing another statement: then
+        # planned as a miss)
+        if rewritten.unit_counts != plan.counts_units:
+            return None
+        return plan, (rewritten, tuple(parameter_value(v) for v in shape.values))
+
+    def _remember_template(self, statement: Statement, shape: Shape) -> None:
+        """For a parameterized text seen the first time: whether its parameters all land
+        in the slots of `shape`, so that later executions need no binding or printing."""
+        params = statement.params
+        if statement.template is None or not params or isinstance(params, Mapping) \
+                or self.engine.knows_template(statement.text):
+            return
+        self.engine.remember_template(statement.text, TemplateShape.of(
+            shape, placeholder_count(statement.template)))
+
+    def _templated(self, statement: Statement
+                   ) -> tuple[QueryPlan, tuple[Rewritten, tuple[object, ...]]] | None:
+        """An unbound query (`parse_statements(..., bind=False)`) whose text's parameters
+        all land in slots of an accepted shape: its plan and backend statement, from the
+        parameters alone. The shape's key and texts are those binding and `lift` would
+        give (`TemplateShape.shape_for`), so this is `_shaped_plan`'s hit, without the
+        tree."""
+        params = statement.params
+        if self.analyst.budget is None or not params or isinstance(params, Mapping):
+            return None
+        template = self.engine.template(statement.text)
+        shape = template.shape_for(params) if template is not None else None
+        return self._of_shape(statement, shape) if shape is not None else None
 
     def _query(self, statement: Statement) -> Result:
         # A repeat of a text accepted before is answered before analysis: only an accepted,
@@ -475,6 +538,11 @@ class Session:
         # on (query, options, policy version, data, accounting), so analysing it again could
         # change nothing. (An equivalent text never seen, e.g. MEDIAN(x) after
         # PERCENTILE_CONT(0.5) …, is analysed first: its columns need its own names.)
+        templated = None
+        if statement.ast is None:  # unbound: parameters that fill a known shape need no tree
+            templated = self._templated(statement)
+            if templated is None:
+                statement = bound(statement)
         names = self.engine.output_names(statement) if FAST_REPEATS else None
         key = None
         looked_up = names is not None
@@ -483,7 +551,7 @@ class Session:
             cached = self._wait_for_answer(key)
             if cached is not None:
                 return self._cached_result(statement.text, cached, names)
-        planned, shaped = self._shaped_plan(statement)
+        planned, shaped = templated or self._shaped_plan(statement)
         if isinstance(planned, ConstantQuery):
             row = tuple(evaluate(o.expression, {}, {}) for o in planned.outputs)
             self._audit(planned.statement, "answered", rows=1)

@@ -30,13 +30,15 @@ shape whose slots the analyzer did not keep intact (`intact`) is not cached.
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from decimal import Decimal
 
 from sqlglot import exp
 from sqlglot.dialects.dialect import Dialect
 from sqlglot.dialects.postgres import Postgres
 
+from .parse import PARAMETER
 from .policy import TablePolicy
 from .postprocess import output_name
 
@@ -66,6 +68,7 @@ class _ShapeGenerator(Postgres.Generator):  # type: ignore[misc]
         super().__init__(**kwargs)
         self.marks = marks  # False: print the key's text itself (slots as `$slot<n>`)
         self.pieces: list[tuple[str, str, str]] = []
+        self.slot_pieces: dict[int, int] = {}  # slot index → its piece's number
 
     def _mark(self, key: str, plain: str, normalized: str) -> str:
         if not self.marks:
@@ -80,6 +83,8 @@ class _ShapeGenerator(Postgres.Generator):  # type: ignore[misc]
             return plain
         # an integer and a decimal are typed apart (the rewrite's parameter types differ)
         key = f"$slot{index}" if expression.this.isdigit() else f"$slot{index}_decimal"
+        if self.marks:
+            self.slot_pieces[index] = len(self.pieces)
         return self._mark(key, plain, plain)
 
     def identifier_sql(self, expression: exp.Identifier) -> str:
@@ -110,12 +115,24 @@ class Shape:
     sql: str  # the SQL part of the key: without slots, exactly the query's PostgreSQL SQL
     text: str = ""  # the query's PostgreSQL SQL (slots as their literals)
     normalized: str = ""  # the same, identifiers normalized (as `sql(normalize=True)`)
+    # per slot: the index of the positional parameter it was bound from (None: a literal of
+    # the text), and whether binding negated it (a negative value binds as -literal)
+    sources: tuple[tuple[int | None, bool], ...] = ()
+    # the marked print and its pieces (`_ShapeGenerator`), to print other slot values
+    marked: str = ""
+    pieces: tuple[tuple[str, str, str], ...] = ()
+    slot_pieces: tuple[int, ...] = ()  # per slot, its piece's number
 
 
 def _plain_number(node: exp.Expression) -> bool:
     if not isinstance(node, exp.Literal) or node.is_string:
         return False
-    whole, _, fraction = node.this.partition(".")
+    return _plain_text(node.this)
+
+
+def _plain_text(text: str) -> bool:
+    """A plain decimal number of at most MAX_DIGITS digits."""
+    whole, _, fraction = text.partition(".")
     digits = whole + fraction
     return whole.isdigit() and (fraction == "" or fraction.isdigit()) \
         and len(digits) <= MAX_DIGITS and digits.isascii()
@@ -151,21 +168,81 @@ def lift(select: exp.Expression, *, copy: bool = True) -> Shape:
     done with it."""
     where = select.args.get("where") if isinstance(select, exp.Select) else None
     values: list[str] = []
+    slots: list[exp.Literal] = []
     if where is not None:
         for node in list(where.find_all(exp.Literal)):
             if _liftable(node):
                 node.meta[SLOT] = len(values)  # the node stays a literal: it types as one
                 values.append(node.this)
+                slots.append(node)
     names = [output_name(item) for item in select.expressions] \
         if isinstance(select, exp.Select) else []
+    sources = tuple(_source(node) for node in slots)
     generator = _ShapeGenerator(dialect=_POSTGRES)
     marked = generator.generate(select, copy=copy)
     texts = _fill(marked, generator.pieces)
     if texts is None:  # a mark character in the query's own text, or a piece printed twice
         sql = _ShapeGenerator(dialect=_POSTGRES, marks=False).generate(select, copy=True)
         texts = (sql, select.sql("postgres"), select.sql("postgres", normalize=True))
+        return Shape("\x00".join([sql, *names]), tuple(values), *texts)
     sql, text, normalized = texts
-    return Shape("\x00".join([sql, *names]), tuple(values), sql, text, normalized)
+    printed = len(generator.slot_pieces) == len(values)
+    return Shape("\x00".join([sql, *names]), tuple(values), sql, text, normalized, sources,
+                 marked if printed else "", tuple(generator.pieces) if printed else (),
+                 tuple(generator.slot_pieces[i] for i in range(len(values)))
+                 if printed else ())
+
+
+def _source(node: exp.Literal) -> tuple[int | None, bool]:
+    source: tuple[int, bool] | None = node.meta.get(PARAMETER)
+    return source if source is not None else (None, False)
+
+
+@dataclass(frozen=True)
+class TemplateShape:
+    """A parameterized statement whose every placeholder lands in a slot of one shape:
+    its shape for new parameter values, without binding or printing (`shape_for`)."""
+
+    shape: Shape  # the shape as printed for one binding
+    arity: int  # how many parameters the statement takes (binding checks it)
+
+    @classmethod
+    def of(cls, shape: Shape, placeholders: int) -> TemplateShape | None:
+        """The template, if every one of `placeholders` is a slot and the print can be
+        refilled; else None."""
+        from_parameters = [source for source, _ in shape.sources if source is not None]
+        if not shape.marked or placeholders == 0 or len(from_parameters) != placeholders:
+            return None
+        return cls(shape, max(from_parameters) + 1)
+
+    def shape_for(self, params: Sequence[object]) -> Shape | None:
+        """The shape binding `params` and lifting would give: the same key, these values,
+        the texts printed with them. None where binding could print otherwise (a value of
+        another type, sign or kind of number, or one lift would not take as a slot)."""
+        shape = self.shape
+        if len(params) != self.arity:
+            return None
+        values = list(shape.values)
+        pieces = list(shape.pieces)
+        for slot, (source, negative) in enumerate(shape.sources):
+            if source is None:
+                continue
+            value = params[source]
+            if type(value) not in (int, float, Decimal) \
+                    or (isinstance(value, Decimal) and not value.is_finite()) \
+                    or (value < 0) != negative:  # type: ignore[operator]
+                return None
+            text = exp.Literal.number(abs(value)).this  # as `to_literal` binds it
+            if not _plain_text(text) or text.isdigit() != values[slot].isdigit():
+                return None
+            values[slot] = text
+            key, _, _ = pieces[shape.slot_pieces[slot]]
+            pieces[shape.slot_pieces[slot]] = (key, text, text)
+        texts = _fill(shape.marked, pieces)
+        if texts is None:
+            return None
+        return replace(shape, values=tuple(values), text=texts[1], normalized=texts[2],
+                       pieces=tuple(pieces))
 
 
 def _fill(marked: str, pieces: list[tuple[str, str, str]]) -> tuple[str, str, str] | None:

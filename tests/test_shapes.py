@@ -10,6 +10,7 @@ functions, operators, literals in places where their value matters) do not.
 from __future__ import annotations
 
 import contextlib
+import decimal
 import doctest
 from typing import Any
 
@@ -373,3 +374,98 @@ def test_a_stored_answer_is_the_json_it_always_was(alice: Session) -> None:
     assert (again.rows, again.accuracy, again.intervals) == (
         [tuple(r) for r in json.loads(json.dumps(result.rows))], result.accuracy,
         result.intervals)
+
+
+# -- templates: parameters straight into a known shape's slots, without binding -------------
+
+TEMPLATE_VALUES = [7, 0, 123456789012345, -3, 2.5, 0.0, -0.0, -7.25, decimal.Decimal("40.50"),
+                   decimal.Decimal("-1"), 1e20, 1.5e-7, 1234567890123456,
+                   decimal.Decimal("NaN"), float("inf"), True, "12", None]
+
+
+@pytest.mark.parametrize(("sql", "first"), [
+    ("SELECT COUNT(*) FROM adult WHERE capital_gain > %s", [5]),
+    ("SELECT COUNT(*) FROM adult WHERE capital_gain > $1 AND age < $1", [5]),
+    ("SELECT sex, COUNT(*) FROM adult WHERE $2 >= age AND capital_gain > -$1 GROUP BY sex",
+     [5, 30.5]),
+    ("SELECT AVG(hours_per_week) AS h FROM adult WHERE age BETWEEN %s AND 40 AND %s <> age",
+     [17, -3]),
+])
+def test_a_template_gives_the_shape_binding_and_lifting_give(sql: str,
+                                                             first: list[Any]) -> None:
+    """For every parameter list: the template's shape is exactly the one binding and
+    lifting print (key, values, texts), or None where binding could print otherwise."""
+    statement = parse_statements(sql, first)[0]
+    template = shapes.TemplateShape.of(shapes.lift(statement.ast),
+                                       parse_placeholders(statement.template))
+    assert template is not None
+    matched = 0
+    for value in TEMPLATE_VALUES:
+        params = [value, *first[1:]] if len(first) > 1 else [value]
+        from_template = template.shape_for(params)
+        try:
+            bound = shapes.lift(parse_statements(sql, params)[0].ast)
+        except errors.Error:  # binding refuses it: so must the template
+            assert from_template is None
+            continue
+        if from_template is None:  # binding gives another shape (or none)
+            assert bound.key != template.shape.key
+            continue
+        matched += 1
+        assert (from_template.key, from_template.values, from_template.sql,
+                from_template.text, from_template.normalized) == (
+            bound.key, bound.values, bound.sql, bound.text, bound.normalized)
+    assert matched >= 3  # each template takes at least three of the values
+
+
+def parse_placeholders(template: Any) -> int:
+    from dpproxy.parse import placeholder_count
+
+    return placeholder_count(template)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT COUNT(*) FROM adult WHERE capital_gain > %s LIMIT %s",  # a count: no slot
+    "SELECT COUNT(*) FROM adult WHERE sex = %s",  # a string: no slot
+    "SELECT COUNT(*) FROM adult WHERE capital_gain + %s > 3",  # not a bare column
+])
+def test_a_parameter_outside_a_slot_gives_no_template(sql: str) -> None:
+    params = [5, 1] if "LIMIT" in sql else ["x"] if "sex" in sql else [5]
+    statement = parse_statements(sql, params)[0]
+    assert shapes.TemplateShape.of(shapes.lift(statement.ast),
+                                   parse_placeholders(statement.template)) is None
+
+
+def test_templated_queries_answer_as_bound_ones(engine: Engine,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Executions of a parameterized text after its first skip binding: each is charged
+    and planned as the bound query, and its answer is the one the same query sent with
+    literals gets (one answer key)."""
+    from dpproxy import session as session_module
+
+    alice = engine.session("alice")
+    sql = "SELECT occupation, COUNT(*) FROM adult WHERE capital_gain > %s GROUP BY occupation"
+    calls: list[bool] = []
+    templated = session_module.Session._templated
+
+    def spy(self: Session, statement: Any) -> Any:
+        found = templated(self, statement)
+        calls.append(found is not None)
+        return found
+
+    monkeypatch.setattr(session_module.Session, "_templated", spy)
+    results = [alice.execute(sql, [v]) for v in (1000, 2000, 3000, -5, 2.5)]
+    # the first binds and learns the template; later ones of the same kind of number use
+    # it; -5 (a sign) and 2.5 (a decimal) are other shapes, bound
+    assert calls == [False, True, True, False, False]
+    history = engine.ledger.history("analyst:alice")
+    assert [h.statement for h in history[::-1]] == [
+        parse_statements(sql, [v])[0].ast.sql("postgres") for v in (1000, 2000, 3000, -5, 2.5)]
+    spent = alice.remaining()
+    literal = alice.execute(sql.replace("%s", "3000"))
+    assert alice.remaining() == spent  # the same answer key: answered, not charged
+    assert literal.rows == results[2].rows
+    # options apply to a templated query as to any: it is planned afresh
+    alice.set_option("epsilon", 0.25)
+    again = alice.execute(sql, [4000])
+    assert calls[-1] is True and again.cost is not None and again.cost.epsilon == 0.25

@@ -3,6 +3,7 @@ credentials, the policy's [server] section, the `serve` banner and `analyst pass
 
 from __future__ import annotations
 
+import asyncio
 import io
 import sqlite3
 import threading
@@ -17,7 +18,7 @@ from dpproxy.policy import load_policy
 from dpproxy.server import admin, paramtypes
 from dpproxy.server.commands import DEMO_PASSWORD, how_to_connect
 from dpproxy.server.credentials import CredentialStore
-from dpproxy.server.jobs import ChargeGate, Job, QueryCanceled, install_gate
+from dpproxy.server.jobs import ChargeGate, Job, QueryCanceled, StatementThreads, install_gate
 from dpproxy.server.scram import verify_password
 from dpproxy.session import Engine
 
@@ -96,6 +97,59 @@ def test_cancel_while_running_stops_at_the_charge() -> None:
     proceed.set()
     worker.join(10)
     assert len(failures) == 1 and ledger.charges == 0
+
+
+def test_statement_threads_deliver_results_and_errors_and_stay_bounded() -> None:
+    """Results and exceptions reach the loop's futures; at most max_threads run at once;
+    shutdown cancels what has not started and lets what runs finish."""
+    threads = StatementThreads(3)
+    running, peak, lock = [0], [0], threading.Lock()
+    release = threading.Event()
+
+    def work(n: int) -> int:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        release.wait(10)
+        with lock:
+            running[0] -= 1
+        if n == 7:
+            raise ValueError("seven")
+        return n * n
+
+    async def main() -> list[object]:
+        loop = asyncio.get_running_loop()
+        futures = [threads.submit(loop, work, n) for n in range(10)]
+        await asyncio.sleep(0.2)  # three start, seven wait
+        release.set()
+        return await asyncio.gather(*futures, return_exceptions=True)
+
+    outcomes = asyncio.run(main())
+    assert outcomes[:7] == [n * n for n in range(7)] and outcomes[8:] == [64, 81]
+    assert isinstance(outcomes[7], ValueError) and str(outcomes[7]) == "seven"
+    assert peak[0] == 3
+
+    async def queued_then_shut_down() -> tuple[object, bool]:
+        loop = asyncio.get_running_loop()
+        gate = threading.Event()
+        busy = [threads.submit(loop, gate.wait, 10) for _ in range(3)]
+        waiting = threads.submit(loop, work, 1)
+        await asyncio.sleep(0.1)
+        stopper = loop.run_in_executor(None, threads.shutdown)
+        await asyncio.sleep(0.1)
+        gate.set()
+        await stopper
+        await asyncio.sleep(0)  # the cancellation is delivered through the loop
+        return await asyncio.gather(*busy), waiting.cancelled()
+
+    finished, cancelled = asyncio.run(queued_then_shut_down())
+    assert finished == [True, True, True] and cancelled
+    with pytest.raises(RuntimeError):
+        asyncio.run(_submit_after(threads))
+
+
+async def _submit_after(threads: StatementThreads) -> None:
+    threads.submit(asyncio.get_running_loop(), print)
 
 
 def test_gate_forwards_everything_else_and_installs_once(demo_policy: Path) -> None:

@@ -130,6 +130,7 @@ class Portal:
 class _Shape:
     fields: tuple[Field, ...]
     encoders: tuple[Callable[[Any], bytes | None], ...]
+    row_description: bytes  # the RowDescription message, encoded
 
 
 _DUMMY_VALUES: dict[int, Any] = {
@@ -169,7 +170,7 @@ def _column_shape(names: tuple[str, ...], types: tuple[str, ...], formats: tuple
         pg = codec.pg_type(types[i] if i < len(types) else "text")
         fields.append(Field(name, pg.oid, pg.size, formats[i]))
         encoders.append(codec.value_encoder(pg.oid, formats[i]))
-    return _Shape(tuple(fields), tuple(encoders))
+    return _Shape(tuple(fields), tuple(encoders), RowDescription(tuple(fields)).encode())
 
 
 @functools.lru_cache(maxsize=1024)
@@ -515,7 +516,7 @@ class ClientConnection:
             await asyncio.wait({self._orphan})
             self._orphan = None
         job = Job()
-        future = self._loop.run_in_executor(self.server.executor, job.run, fn, *args)
+        future = self.server.executor.submit(self._loop, job.run, fn, *args)
         future.add_done_callback(_retrieve)
         self._job = job
         try:
@@ -688,7 +689,7 @@ class ClientConnection:
             if result.columns:
                 columns = _columns(result.columns, result.types, [codec.TEXT] * len(
                     result.columns))
-                self._send(RowDescription(columns.fields))
+                self._out += columns.row_description
                 await self._send_rows(result.rows, columns)
             self._send(CommandComplete(result.tag))
         if self._status == "I":
@@ -828,7 +829,7 @@ class ClientConnection:
                 shape = await self._shape(portal.statement, portal.params)
             formats = _formats(portal.result_formats, len(shape.columns))
         if shape.columns:
-            self._send(RowDescription(_columns(shape.columns, shape.types, formats).fields))
+            self._out += _columns(shape.columns, shape.types, formats).row_description
         else:
             self._send(NoData())
 

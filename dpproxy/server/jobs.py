@@ -18,6 +18,9 @@ False
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -94,3 +97,82 @@ def install_gate(engine: Any) -> None:
     """Route the engine's charges through a ChargeGate (once)."""
     if not isinstance(engine.ledger, ChargeGate):
         engine.ledger = ChargeGate(engine.ledger)
+
+
+_Work = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
+
+
+class StatementThreads:
+    """Worker threads that run statements off the event loop, each result handed straight
+    to a future of the loop that asked: `loop.run_in_executor` without the
+    concurrent.futures.Future it chains to an asyncio one (a good share of the loop's own
+    time per statement). A thread is started when work is queued and none is idle, up to
+    `max_threads`; threads live until `shutdown`."""
+
+    def __init__(self, max_threads: int, name: str = "dpproxy-worker") -> None:
+        self._max, self._name = max_threads, name
+        self._queue: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)  # released by each thread waiting for work
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+
+    def submit(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., T], *args: Any
+               ) -> asyncio.Future[T]:
+        """Run `fn(*args)` in a worker thread; its outcome is the returned future's."""
+        future: asyncio.Future[T] = loop.create_future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the statement threads are shut down")
+            self._queue.put((loop, future, fn, args))
+            if not self._idle.acquire(blocking=False) and len(self._threads) < self._max:
+                thread = threading.Thread(target=self._work, daemon=True,
+                                          name=f"{self._name}-{len(self._threads)}")
+                self._threads.append(thread)
+                thread.start()
+        return future
+
+    def _work(self) -> None:
+        while True:
+            self._idle.release()
+            work = self._queue.get()
+            if work is None:
+                return
+            loop, future, fn, args = work
+            result, error = None, None
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # the caller's to handle, whatever it is
+                error = exc
+            # (a closed loop: nobody waits for this any more)
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_settle, future, result, error)
+            del work, future, result, error
+
+    def shutdown(self) -> None:
+        """Cancel the work not started yet, let running work finish, stop every thread."""
+        with self._lock:
+            self._closed = True
+            threads = list(self._threads)
+        while True:
+            try:
+                work = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if work is not None:
+                loop, future, _, _ = work
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(future.cancel)
+        for _ in threads:
+            self._queue.put(None)
+        for thread in threads:
+            thread.join()
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

@@ -18,7 +18,6 @@ import signal
 import ssl
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,7 +27,7 @@ from ..policy import AnalystPolicy, Policy, ServerSettings
 from ..session import Engine
 from .connection import ClientConnection
 from .credentials import CredentialStore
-from .jobs import install_gate
+from .jobs import StatementThreads, install_gate
 
 log = logging.getLogger("dpproxy.server")
 
@@ -95,8 +94,7 @@ class Server:
         self.catalog_factory = catalog_factory
         self.ssl_context = make_ssl_context(self.settings)
         # DuckDB releases the GIL while it scans: a few threads per core keep both busy.
-        self.executor = ThreadPoolExecutor(max_workers=min(32, self.settings.max_connections)
-                                           + 4, thread_name_prefix="dpproxy-worker")
+        self.executor = StatementThreads(min(32, self.settings.max_connections) + 4)
         self.secret = secrets.token_bytes(32)  # keys the mock verifiers of unknown users
         self.port = self.settings.port
         self._connections: dict[int, ClientConnection] = {}
@@ -189,8 +187,7 @@ class Server:
                 await asyncio.wait(pending, timeout=5)
         if self._listener is not None:
             await self._listener.wait_closed()
-        await asyncio.get_running_loop().run_in_executor(
-            None, lambda: self.executor.shutdown(wait=True, cancel_futures=True))
+        await asyncio.get_running_loop().run_in_executor(None, self.executor.shutdown)
         log.info("server stopped")
 
 

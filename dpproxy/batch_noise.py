@@ -361,6 +361,13 @@ def add_noise(vectors: Sequence[tuple[np.ndarray, str, int, int, float]]
     """For each (values, mechanism, n, d, γ): values + exact noise with grid parameter n/d,
     then γ·(...) as release() returns it: Python ints when γ == 1, floats otherwise. All
     vectors of one mechanism are noised in one batch."""
+    return [noisy.tolist() for noisy in add_noise_arrays(vectors)]
+
+
+def add_noise_arrays(vectors: Sequence[tuple[np.ndarray, str, int, int, float]]
+                     ) -> list[np.ndarray]:
+    """add_noise's values as arrays whose tolist() they are: int64 when γ == 1, float64
+    otherwise, or an object array of Python ints or floats where int64 would overflow."""
     noise: list[np.ndarray | None] = [None] * len(vectors)
     for mechanism, sampler in (("laplace", discrete_laplace), ("gaussian", discrete_gaussian)):
         mine = [i for i, v in enumerate(vectors) if v[1] == mechanism]
@@ -372,12 +379,19 @@ def add_noise(vectors: Sequence[tuple[np.ndarray, str, int, int, float]]
             in zip(vectors, noise, strict=True)]  # type: ignore[arg-type]
 
 
-def _noisy(values: np.ndarray, noise: np.ndarray, gamma: float) -> list[float | int]:
+def _noisy(values: np.ndarray, noise: np.ndarray, gamma: float) -> np.ndarray:
     if noise.dtype == object or not (np.abs(noise) < _I64_SAFE).all():
         total = [int(a) + int(b) for a, b in zip(values.tolist(), noise.tolist(), strict=True)]
-        return total if gamma == 1.0 else [float(x) * gamma for x in total]  # type: ignore[misc]
+        return object_array(total if gamma == 1.0 else [float(x) * gamma for x in total])
     result = values + noise
     if gamma == 1.0:
-        return result.tolist()  # type: ignore[no-any-return]
+        return result
     # int64 → float64 rounds to nearest like float(int); γ is a power of two
-    return (result.astype(np.float64) * gamma).tolist()  # type: ignore[no-any-return]
+    return result.astype(np.float64) * gamma
+
+
+def object_array(values: Sequence[object]) -> np.ndarray:
+    """A one-dimensional object array holding these very Python objects."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out

@@ -25,12 +25,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from numbers import Integral
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from scipy.special import log_ndtr, ndtri
 
 from dpproxy import batch_noise
 from dpproxy.errors import InvalidParameterValue
+
+if TYPE_CHECKING:  # numpy arrays come from dpproxy.batch_noise; no numpy randomness here
+    import numpy as np
 
 __all__ = [
     "Mechanism",
@@ -44,6 +47,7 @@ __all__ = [
     "half_width",
     "laplace_scale",
     "release",
+    "release_array",
     "release_many",
     "release_vectors",
     "sample_discrete_gaussian",
@@ -523,6 +527,19 @@ def release_vectors(vectors: Sequence[tuple[Sequence[float], NoiseSpec]]
     same samplers run on whole vectors (same algorithms and distributions, far fewer Python
     steps), one batch per mechanism.
     """
+    return [v if isinstance(v, list) else v.tolist() for v in _release_vectors(vectors)]
+
+
+def release_array(exact_values: Sequence[float] | np.ndarray, spec: NoiseSpec) -> np.ndarray:
+    """release_many() as an array whose tolist() it is (an int64 or float64 array, else an
+    object array of its Python numbers): for callers that go on in numpy."""
+    noisy = _release_vectors([(exact_values, spec)])[0]
+    return batch_noise.object_array(noisy) if isinstance(noisy, list) else noisy
+
+
+def _release_vectors(vectors: Sequence[tuple[Sequence[float], NoiseSpec]]
+                     ) -> list[list[float | int] | np.ndarray]:
+    """release_vectors(), each vector noised by dpproxy.batch_noise as the array it gives."""
     vectorized = sum(len(values) for values, _ in vectors) >= _VECTOR_MIN
     batched: list[tuple[int, tuple[Any, str, int, int, float]]] = []
     scalar: list[tuple[int, list[int], NoiseSpec, Callable[[], int]]] = []
@@ -535,10 +552,10 @@ def release_vectors(vectors: Sequence[tuple[Sequence[float], NoiseSpec]]
                 continue
         scalar.append((i, [_snap(v, spec.granularity) for v in values], spec,
                        _grid_sampler(spec.mechanism, n, d)))
-    out: list[list[float | int]] = [[] for _ in vectors]
+    out: list[list[float | int] | np.ndarray] = [[] for _ in vectors]
     if batched:
         for i, noisy in zip([i for i, _ in batched],
-                            batch_noise.add_noise([b for _, b in batched]), strict=True):
+                            batch_noise.add_noise_arrays([b for _, b in batched]), strict=True):
             out[i] = noisy
     for i, snapped, spec, noise in scalar:
         if spec.granularity == 1.0:

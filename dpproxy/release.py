@@ -13,9 +13,11 @@ import functools
 import itertools
 import math
 import operator
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import TypeVar
 
 import numpy as np
 from sqlglot import exp
@@ -23,13 +25,52 @@ from sqlglot import exp
 from .analyze import AggregateCall, Analysis, GroupKey, Output
 from .analyze.aggregates import _single, _single_interval, combine, interval
 from .analyze.keys import normalize_key
-from .mechanisms import half_width, release_many, release_vectors
+from .mechanisms import half_width, release_array, release_many, release_vectors
 from .plan import Measurement, QueryPlan
 from .postprocess import AggregateRef, Value, evaluate
 from .quantiles import decode_histogram, rank_error, release_quantile
 from .selection import SelectionSpec, effective_threshold
 
 Interval = tuple[float, float]
+_T = TypeVar("_T")
+
+# "off": read every backend result row by row (the dict of groups), for A/B benchmarks.
+COLUMNAR = os.environ.get("DPPROXY_COLUMNAR_RELEASE", "on").lower() != "off"
+
+
+@dataclass(frozen=True)
+class ExactColumns:
+    """A backend's exact per-group result column by column, which `release` takes besides
+    rows: `column(j)` is column j of the rows the backend would have returned, so numpy
+    holds only values it gives back exactly (bools, ints, float64, strs in object arrays)."""
+
+    values: tuple[np.ndarray, ...]
+    nulls: tuple[np.ndarray | None, ...]  # per column: where it is NULL, or None for nowhere
+
+    def __len__(self) -> int:
+        return len(self.values[0]) if self.values else 0
+
+    def column(self, j: int, index: np.ndarray | None = None) -> list[object]:
+        """Column j (at `index` only, if given) as Python values, None for NULL."""
+        values, nulls = self.values[j], self.nulls[j]
+        if index is not None:
+            values = values[index]
+            nulls = nulls[index] if nulls is not None else None
+        out: list[object] = values.tolist()
+        if nulls is not None:
+            for i in np.flatnonzero(nulls).tolist():
+                out[i] = None
+        return out
+
+    def rows(self) -> list[tuple[object, ...]]:
+        """The result as the backend's rows."""
+        return list(zip(*(self.column(j) for j in range(len(self.values))), strict=True))
+
+
+def takes_columns(plan: QueryPlan) -> bool:
+    """Whether `release` is faster given this plan's backend result as ExactColumns: with
+    private keys, whose candidate groups may be many (public keys are few, and listed)."""
+    return plan.selection is not None and COLUMNAR
 
 
 @dataclass(frozen=True)
@@ -120,20 +161,29 @@ def _exact_by_group(analysis: Analysis, rows: Sequence[tuple[object, ...]], key_
     return dict(zip(key_rows, stat_rows, strict=True))  # type: ignore[arg-type]
 
 
-def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
-    """Noisy rows for the plan's outputs from the backend's exact per-group rows."""
+def release(plan: QueryPlan, exact: Sequence[tuple[object, ...]] | ExactColumns
+            ) -> Released:
+    """Noisy rows for the plan's outputs from the backend's exact per-group rows (or the
+    same as columns)."""
     analysis = plan.analysis
-    exact = _exact_by_group(analysis, rows, len(analysis.keys))
     selection = plan.selection
     drawn: dict[int, Sequence[float]] = {}  # measurements noised already, to select groups
-    if selection is None:
-        groups = [tuple(g) for g in itertools.product(*(k.values or () for k in analysis.keys))]
+    picked = _selected_columns(analysis, selection, exact) \
+        if selection is not None and COLUMNAR else None
+    if picked is not None:
+        groups, counts, exact_rows = picked
     else:
-        groups, counts = _selected(selection, exact)
-        if selection.measurement is not None:  # the released count itself
-            drawn[selection.measurement] = counts
-    zeros = tuple(0.0 for _ in plan.measurements)
-    exact_rows = [exact.get(g, zeros) for g in groups]
+        rows = exact.rows() if isinstance(exact, ExactColumns) else exact
+        by_group = _exact_by_group(analysis, rows, len(analysis.keys))
+        if selection is None:
+            groups = [tuple(g)
+                      for g in itertools.product(*(k.values or () for k in analysis.keys))]
+        else:
+            groups, counts = _selected(selection, by_group)
+        zeros = tuple(0.0 for _ in plan.measurements)
+        exact_rows = [by_group.get(g, zeros) for g in groups]
+    if selection is not None and selection.measurement is not None:
+        drawn[selection.measurement] = counts  # the released count itself
 
     # One vector per measurement over all groups: the noise spec covers the whole vector.
     # (The vectors are noised together: one batched draw is cheaper than one per vector.)
@@ -190,10 +240,13 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
     end = None if analysis.limit is None else analysis.offset + analysis.limit
     selected = selected[analysis.offset:end]
 
-    out_columns = [_output_column(o, selected, values_of, keys_of, table_rows, keys_of_rows)
-                   for o in analysis.outputs]
+    # every group, in order (the usual case without HAVING, ORDER BY or LIMIT): the columns
+    # are read whole
+    every = not analysis.order and len(selected) == len(groups)
+    out_columns = [_output_column(o, selected, values_of, keys_of, table_rows, keys_of_rows,
+                                  every) for o in analysis.outputs]
     out_rows = list(zip(*out_columns, strict=True)) if out_columns else [() for _ in selected]
-    interval_columns = [_output_intervals(o, analysis, intervals_of, selected)
+    interval_columns = [_output_intervals(o, analysis, intervals_of, selected, every)
                         for o in analysis.outputs]
     out_intervals = list(zip(*interval_columns, strict=True)) if interval_columns \
         else [() for _ in selected]
@@ -238,28 +291,32 @@ def _rounded(values: list[float]) -> list[int]:
 
 def _output_column(output: Output, selected: list[int], values_of: dict[str, list[Value]],
                    keys_of: dict[str, list[Value]], rows: list[dict[str, Value]],
-                   keys: list[dict[str, Value]]) -> list[Value]:
-    """One output's values on the selected groups: what `evaluate` gives, read straight
-    from the columns when the output is an aggregate or a key."""
+                   keys: list[dict[str, Value]], every: bool = False) -> list[Value]:
+    """One output's values on the selected groups (`every`: they are all the groups, in
+    order): what `evaluate` gives, read straight from the columns when the output is an
+    aggregate or a key."""
     node = output.expression
     if isinstance(node, AggregateRef):
-        column = values_of[node.this]
-        return [column[i] for i in selected]
+        return _at(values_of[node.this], selected, every)
     if isinstance(node, exp.Column):
-        column = keys_of[node.name]
-        return [column[i] for i in selected]
+        return _at(keys_of[node.name], selected, every)
     return [evaluate(node, rows[i], keys[i]) for i in selected]
 
 
 def _output_intervals(output: Output, analysis: Analysis,
-                      intervals_of: dict[str, list[Interval]], selected: list[int]
-                      ) -> list[Interval | None]:
+                      intervals_of: dict[str, list[Interval]], selected: list[int],
+                      every: bool = False) -> list[Interval | None]:
     if output.aggregate is None:
         return [None] * len(selected)
     column = intervals_of.get(analysis.aggregates[output.aggregate].sql)
     if column is None:
         return [None] * len(selected)
-    return [column[i] for i in selected]
+    return _at(column, selected, every)  # type: ignore[arg-type]
+
+
+def _at(column: list[_T], selected: list[int], every: bool) -> list[_T]:
+    """column[i] for i in selected; `every`: that is the whole column."""
+    return list(column) if every else [column[i] for i in selected]
 
 
 def _quantiles(histograms: list[object], measurement: Measurement) -> list[float]:
@@ -297,23 +354,110 @@ def _selected(selection: SelectionSpec, exact: dict[tuple[object, ...], tuple[fl
     counts = _finite_column(list(map(operator.itemgetter(column), exact.values())))
     noisy = release_many(counts, selection.noise)
     threshold = effective_threshold(selection)
-    kept = list(itertools.compress(zip(candidates, noisy, strict=True),
-                                   map(operator.ge, noisy, itertools.repeat(threshold))))
+    kept = _key_sorted(list(itertools.compress(
+        zip(candidates, noisy, strict=True),
+        map(operator.ge, noisy, itertools.repeat(threshold)))))
+    return [g for g, _ in kept], [n for _, n in kept]
+
+
+def _key_sorted(kept: list[tuple[tuple[object, ...], _T]]) -> list[tuple[tuple[object, ...], _T]]:
+    """(group, anything) pairs of distinct groups sorted by group in _key_order (sorted in
+    place and returned); the anything is never compared."""
     if not _plain_keys([g for g, _ in kept]):
         kept.sort(key=lambda pair: _key_order(pair[0]))
     elif kept and len(kept[0][0]) == 1:  # one key column: its values sort as the 1-tuples do
         kept.sort(key=lambda pair: pair[0][0])
-    else:  # groups are distinct: the counts are never compared
+    else:  # groups are distinct: the rest of the pair is never compared
         kept.sort(key=operator.itemgetter(0))
-    return [g for g, _ in kept], [n for _, n in kept]
+    return kept
+
+
+def _selected_columns(analysis: Analysis, selection: SelectionSpec,
+                      exact: Sequence[tuple[object, ...]] | ExactColumns
+                      ) -> tuple[list[tuple[object, ...]], list[float],
+                                 list[tuple[object, ...]]] | None:
+    """_selected and the exact statistics of the groups it keeps, as `release` reads them
+    from _exact_by_group, computed column-wise: the threshold is a numpy mask over all
+    candidates and only the kept groups become tuples. None where that would not be the
+    very same (the caller then reads the rows): a few rows (not worth it), or two rows
+    whose keys normalize to one group (the dict keeps the first one's place and the last
+    one's statistics)."""
+    key_count = len(analysis.keys)
+    n = len(exact)
+    if n < _NUMPY_MIN or key_count == 0:
+        return None
+    width = len(exact.values) if isinstance(exact, ExactColumns) else len(exact[0])
+    keys = [_key_column(exact.column(j) if isinstance(exact, ExactColumns)
+                        else list(map(operator.itemgetter(j), exact)), k)
+            for j, k in enumerate(analysis.keys)]
+    distinct = len(set(keys[0])) if key_count == 1 else len(set(zip(*keys, strict=True)))
+    if distinct != n:
+        return None
+    # the count each candidate is selected by: the last column (its units) or a measurement
+    column = width - 1 if selection.measurement is None else key_count + selection.measurement
+    counts = _count_column(exact, column) if isinstance(exact, ExactColumns) \
+        else _count_values(list(map(operator.itemgetter(column), exact)))
+    noisy = release_array(counts, selection.noise)  # type: ignore[arg-type]
+    reached = np.asarray(noisy >= effective_threshold(selection), dtype=bool)
+    picked: list[int] = np.flatnonzero(reached).tolist()
+    # the kept candidates in key order (as _selected sorts them: the same sort, on the same
+    # groups in the same order, so ties, e.g. of NaN, fall alike)
+    if key_count == 1 and _plain_column(kept := [keys[0][i] for i in picked]):
+        picked = [picked[i] for i in sorted(range(len(picked)), key=kept.__getitem__)]
+        groups = [(keys[0][i],) for i in picked]
+    else:
+        pairs = _key_sorted([(tuple(c[i] for c in keys), i) for i in picked])
+        groups, picked = [g for g, _ in pairs], [i for _, i in pairs]
+    order = np.array(picked, dtype=np.intp)
+    if isinstance(exact, ExactColumns):
+        stats = [exact.column(j, order) for j in range(key_count, width)]
+    else:
+        stats = [[exact[i][j] for i in picked] for j in range(key_count, width)]
+    stat_rows = list(zip(*map(_statistic_column, stats), strict=True))
+    return groups, noisy[order].tolist(), stat_rows
+
+
+def _count_column(exact: ExactColumns, j: int) -> Sequence[float]:
+    """Column j of `exact` as _finite_column(_statistic_column(...)) reads it: the same
+    numbers, as an array where numpy holds them (NULL and non-finite as 0)."""
+    values, nulls = exact.values[j], exact.nulls[j]
+    if values.dtype.kind == "i" or (values.dtype.kind == "u" and values.dtype.itemsize < 8):
+        ints = values.astype(np.int64, copy=False)
+        return ints if nulls is None else np.where(nulls, 0, ints)
+    if values.dtype.kind == "f":
+        floats = values.astype(np.float64, copy=False)
+        finite = np.isfinite(floats) if nulls is None else np.isfinite(floats) & ~nulls
+        return floats if finite.all() else np.where(finite, floats, 0.0)
+    return _count_values(exact.column(j))
+
+
+def _count_values(values: list[object]) -> Sequence[float]:
+    """A backend column as _finite_column(_statistic_column(...)) reads it: the same
+    numbers, as an array where numpy holds them exactly (ints within int64; floats, and
+    ints mixed with them, below 2^53), else as that list."""
+    try:
+        array = np.array(values)
+    except (OverflowError, ValueError):
+        array = None
+    if array is not None and array.ndim == 1:
+        if array.dtype.kind == "i":
+            return array  # type: ignore[no-any-return]
+        if array.dtype.kind == "f" and (np.abs(array) < 2.0**53).all():  # all finite too
+            return array  # type: ignore[no-any-return]
+    return _finite_column(_statistic_column(values))  # type: ignore[arg-type]
 
 
 def _plain_keys(groups: list[tuple[object, ...]]) -> bool:
     """Whether _key_order sorts these groups as their key tuples sort by themselves: so it
     does without NULLs and with one type per key column, as _key_order then only puts the
     same (False, type name) before each value of a column."""
-    return all(len(set(map(type, column))) == 1 and type(column[0]) is not type(None)
-               for column in zip(*groups, strict=True))
+    return all(map(_plain_column, zip(*groups, strict=True)))
+
+
+def _plain_column(values: Sequence[object]) -> bool:
+    """One type throughout, not NULL's (vacuously so without values)."""
+    return not values or (len(set(map(type, values))) == 1
+                          and type(values[0]) is not type(None))
 
 
 def _key_order(group: tuple[object, ...]) -> tuple[tuple[bool, str, object], ...]:

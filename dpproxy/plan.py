@@ -22,6 +22,7 @@ under either mechanism; its share is spent by the exponential mechanism, whose p
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -168,14 +169,14 @@ class QueryPlan:
     def reads_data(self) -> bool:
         return bool(self.measurements) or self.selection is not None
 
-    @property
+    @functools.cached_property  # (a frozen plan: read at the charge, the audit, the result)
     def cost(self) -> Cost:
         if self.selection is None and not any(m.private for m in self.measurements):
             return Cost(0.0, 0.0)  # nothing noised: reads no data, or only exact statistics
         uses_delta = self.options.mechanism == "gaussian" or self.selection is not None
         return Cost(self.options.epsilon, self.options.delta if uses_delta else 0.0)
 
-    @property
+    @functools.cached_property
     def loss(self) -> Loss:
         """The cost in the forms that compose: (ε, δ) as charged under basic composition, and
         zCDP ρ — Gaussian measurements Δ²/2σ², Laplace ones ε²/2 each, quantiles ε²/8 — plus

@@ -120,7 +120,8 @@ def test_statement_threads_deliver_results_and_errors_and_stay_bounded() -> None
     async def main() -> list[object]:
         loop = asyncio.get_running_loop()
         futures = [threads.submit(loop, work, n) for n in range(10)]
-        await asyncio.sleep(0.2)  # three start, seven wait
+        await _until(lambda: running[0] == 3)  # three run, seven wait
+        await asyncio.sleep(0.1)  # (a fourth thread would have started by now)
         release.set()
         return await asyncio.gather(*futures, return_exceptions=True)
 
@@ -131,21 +132,34 @@ def test_statement_threads_deliver_results_and_errors_and_stay_bounded() -> None
 
     async def queued_then_shut_down() -> tuple[object, bool]:
         loop = asyncio.get_running_loop()
-        gate = threading.Event()
-        busy = [threads.submit(loop, gate.wait, 10) for _ in range(3)]
+        gate, started = threading.Event(), [0]
+
+        def busy_work() -> bool:
+            with lock:
+                started[0] += 1
+            return gate.wait(10)
+
+        busy = [threads.submit(loop, busy_work) for _ in range(3)]
         waiting = threads.submit(loop, work, 1)
-        await asyncio.sleep(0.1)
+        await _until(lambda: started[0] == 3)  # every thread busy: `waiting` is queued
         stopper = loop.run_in_executor(None, threads.shutdown)
-        await asyncio.sleep(0.1)
-        gate.set()
+        await _until(waiting.cancelled)  # not started: cancelled at once, never run
+        gate.set()  # what runs finishes
         await stopper
-        await asyncio.sleep(0)  # the cancellation is delivered through the loop
         return await asyncio.gather(*busy), waiting.cancelled()
 
     finished, cancelled = asyncio.run(queued_then_shut_down())
     assert finished == [True, True, True] and cancelled
     with pytest.raises(RuntimeError):
         asyncio.run(_submit_after(threads))
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    for _ in range(2000):
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("the condition did not come true within 10 s")
 
 
 async def _submit_after(threads: StatementThreads) -> None:

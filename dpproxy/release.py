@@ -23,7 +23,7 @@ import numpy as np
 from sqlglot import exp
 
 from .analyze import AggregateCall, Analysis, GroupKey, Output
-from .analyze.aggregates import _single, _single_interval, combine, interval
+from .analyze.aggregates import combine, interval
 from .analyze.keys import normalize_key
 from .mechanisms import half_width, release_array, release_many, release_vectors
 from .plan import Measurement, QueryPlan
@@ -207,7 +207,7 @@ def release(plan: QueryPlan, exact: Sequence[tuple[object, ...]] | ExactColumns
         stats = [analysis.statistics[i] for i in agg.statistics]
         halves = _half_widths(agg, plan)
         columns = [list(map(float, noisy_by_measurement[i])) for i in agg.statistics]
-        if agg.rule.combine is _single and agg.rule.interval is _single_interval:
+        if agg.rule.releases_its_statistic:
             values, intervals_of[agg.sql] = _single_columns(columns[0], halves[0],
                                                             agg.rule.value_range(stats))
         else:
@@ -256,8 +256,8 @@ def release(plan: QueryPlan, exact: Sequence[tuple[object, ...]] | ExactColumns
 
 def _single_columns(released: list[float], half: float, bounds: Interval
                     ) -> tuple[list[float], list[Interval]]:
-    """combine() and interval() of a one-statistic rule (COUNT, SUM: its combine is _single
-    and its interval _single_interval, the released statistic ± its half-width) for a whole
+    """combine() and interval() of a one-statistic rule (COUNT, SUM: `releases_its_statistic`,
+    the value is the released statistic, its interval that ± its half-width) for a whole
     column at once. _clip's min(max(v, low), high) is, for low <= high, "low if v < low,
     else high if v > high, else v" (NaN and signed zeros included), which is what the
     np.where below computes; v ± half is the same IEEE operation in numpy as in Python."""

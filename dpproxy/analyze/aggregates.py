@@ -101,6 +101,12 @@ class AggregateRule:
     # n rows (EXPLAIN's expected error; the released interval is the rigorous one).
     error_at: Callable[[Values, Stats, float], float] | None = None
 
+    @property
+    def releases_its_statistic(self) -> bool:
+        """Whether the value is its one released statistic and the interval that value ±
+        its half-width (COUNT, SUM), so release can compute both for a whole column."""
+        return self.combine is _single and self.interval is _single_interval
+
 
 def _clip(value: float, bounds: Interval) -> float:
     return min(max(value, bounds[0]), bounds[1])

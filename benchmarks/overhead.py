@@ -40,7 +40,7 @@ from dpproxy.analyze import analyze  # noqa: E402
 from dpproxy.parse import clear_parse_cache, parse_statements  # noqa: E402
 from dpproxy.plan import QueryPlan, plan_query  # noqa: E402
 from dpproxy.policy import load_policy  # noqa: E402
-from dpproxy.release import ExactColumns, release, takes_columns  # noqa: E402
+from dpproxy.release import release  # noqa: E402
 from dpproxy.rewrite import rewrite  # noqa: E402
 from dpproxy.session import Engine, Session  # noqa: E402
 
@@ -174,10 +174,9 @@ def proxy_overhead(policy_path: Path, repeat: int) -> dict[str, dict[str, float]
         statement = parse_statements(sql)[0]
         plan = plan_query(analyze(statement.ast, policy, analyst), session.options)
         rewritten = engine.rewritten(plan)
-        rows = engine.backend.run_aggregate(rewritten.sql, rewritten.parameters(),
-                                            columns=takes_columns(plan))
+        rows = engine.backend.run_aggregate(rewritten.sql, rewritten.parameters())
 
-        def pipeline(sql: str = sql, rows: Any = rows, cached: bool = False) -> None:
+        def pipeline(sql: str = sql, rows: list = rows, cached: bool = False) -> None:  # type: ignore[type-arg]
             proxy_pipeline(session, sql, rows, cached)
 
         for _ in range(20):  # warm-up
@@ -190,8 +189,8 @@ def proxy_overhead(policy_path: Path, repeat: int) -> dict[str, dict[str, float]
     return out
 
 
-def proxy_pipeline(session: Session, sql: str,
-                   rows: Sequence[tuple[Any, ...]] | ExactColumns, cached: bool) -> None:
+def proxy_pipeline(session: Session, sql: str, rows: Sequence[tuple[Any, ...]],
+                   cached: bool) -> None:
     """What the proxy does for one query besides the backend's work and the ledger.
 
     Not `cached`: a new text, parsed (not from the parse cache), analysed, planned, its

@@ -62,7 +62,6 @@ from dpproxy.analyze import analyze  # noqa: E402
 from dpproxy.parse import parse_statements  # noqa: E402
 from dpproxy.plan import plan_query  # noqa: E402
 from dpproxy.policy import load_policy  # noqa: E402
-from dpproxy.release import takes_columns  # noqa: E402
 from dpproxy.session import Engine  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -257,8 +256,7 @@ def proxy_overhead(policy: Path, queries: Sequence[Query], runs: int
             plan = plan_query(analyze(parse_statements(q.sql)[0].ast, loaded, analyst),
                               session.options)
             rewritten = engine.rewritten(plan)
-            rows = engine.backend.run_aggregate(rewritten.sql, rewritten.parameters(),
-                                                columns=takes_columns(plan))
+            rows = engine.backend.run_aggregate(rewritten.sql, rewritten.parameters())
 
             def pipeline(sql: str = q.sql, rows: Any = rows, cached: bool = False) -> None:
                 proxy_pipeline(session, sql, rows, cached)

@@ -39,41 +39,6 @@ COLUMNAR = os.environ.get("DPPROXY_COLUMNAR_RELEASE", "on").lower() != "off"
 
 
 @dataclass(frozen=True)
-class ExactColumns:
-    """A backend's exact per-group result column by column, which `release` takes besides
-    rows: `column(j)` is column j of the rows the backend would have returned, so numpy
-    holds only values it gives back exactly (bools, ints, float64, strs in object arrays)."""
-
-    values: tuple[np.ndarray, ...]
-    nulls: tuple[np.ndarray | None, ...]  # per column: where it is NULL, or None for nowhere
-
-    def __len__(self) -> int:
-        return len(self.values[0]) if self.values else 0
-
-    def column(self, j: int, index: np.ndarray | None = None) -> list[object]:
-        """Column j (at `index` only, if given) as Python values, None for NULL."""
-        values, nulls = self.values[j], self.nulls[j]
-        if index is not None:
-            values = values[index]
-            nulls = nulls[index] if nulls is not None else None
-        out: list[object] = values.tolist()
-        if nulls is not None:
-            for i in np.flatnonzero(nulls).tolist():
-                out[i] = None
-        return out
-
-    def rows(self) -> list[tuple[object, ...]]:
-        """The result as the backend's rows."""
-        return list(zip(*(self.column(j) for j in range(len(self.values))), strict=True))
-
-
-def takes_columns(plan: QueryPlan) -> bool:
-    """Whether `release` is faster given this plan's backend result as ExactColumns: with
-    private keys, whose candidate groups may be many (public keys are few, and listed)."""
-    return plan.selection is not None and COLUMNAR
-
-
-@dataclass(frozen=True)
 class ColumnAccuracy:
     """How one output column was made private, and how far off it may be."""
 
@@ -161,19 +126,16 @@ def _exact_by_group(analysis: Analysis, rows: Sequence[tuple[object, ...]], key_
     return dict(zip(key_rows, stat_rows, strict=True))  # type: ignore[arg-type]
 
 
-def release(plan: QueryPlan, exact: Sequence[tuple[object, ...]] | ExactColumns
-            ) -> Released:
-    """Noisy rows for the plan's outputs from the backend's exact per-group rows (or the
-    same as columns)."""
+def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
+    """Noisy rows for the plan's outputs from the backend's exact per-group rows."""
     analysis = plan.analysis
     selection = plan.selection
     drawn: dict[int, Sequence[float]] = {}  # measurements noised already, to select groups
-    picked = _selected_columns(analysis, selection, exact) \
+    picked = _selected_columns(analysis, selection, rows) \
         if selection is not None and COLUMNAR else None
     if picked is not None:
         groups, counts, exact_rows = picked
     else:
-        rows = exact.rows() if isinstance(exact, ExactColumns) else exact
         by_group = _exact_by_group(analysis, rows, len(analysis.keys))
         if selection is None:
             groups = [tuple(g)
@@ -373,7 +335,7 @@ def _key_sorted(kept: list[tuple[tuple[object, ...], _T]]) -> list[tuple[tuple[o
 
 
 def _selected_columns(analysis: Analysis, selection: SelectionSpec,
-                      exact: Sequence[tuple[object, ...]] | ExactColumns
+                      rows: Sequence[tuple[object, ...]]
                       ) -> tuple[list[tuple[object, ...]], list[float],
                                  list[tuple[object, ...]]] | None:
     """_selected and the exact statistics of the groups it keeps, as `release` reads them
@@ -383,20 +345,18 @@ def _selected_columns(analysis: Analysis, selection: SelectionSpec,
     whose keys normalize to one group (the dict keeps the first one's place and the last
     one's statistics)."""
     key_count = len(analysis.keys)
-    n = len(exact)
+    n = len(rows)
     if n < _NUMPY_MIN or key_count == 0:
         return None
-    width = len(exact.values) if isinstance(exact, ExactColumns) else len(exact[0])
-    keys = [_key_column(exact.column(j) if isinstance(exact, ExactColumns)
-                        else list(map(operator.itemgetter(j), exact)), k)
+    width = len(rows[0])
+    keys = [_key_column(list(map(operator.itemgetter(j), rows)), k)
             for j, k in enumerate(analysis.keys)]
     distinct = len(set(keys[0])) if key_count == 1 else len(set(zip(*keys, strict=True)))
     if distinct != n:
         return None
     # the count each candidate is selected by: the last column (its units) or a measurement
     column = width - 1 if selection.measurement is None else key_count + selection.measurement
-    counts = _count_column(exact, column) if isinstance(exact, ExactColumns) \
-        else _count_values(list(map(operator.itemgetter(column), exact)))
+    counts = _count_values(list(map(operator.itemgetter(column), rows)))
     noisy = release_array(counts, selection.noise)  # type: ignore[arg-type]
     reached = np.asarray(noisy >= effective_threshold(selection), dtype=bool)
     picked: list[int] = np.flatnonzero(reached).tolist()
@@ -409,26 +369,9 @@ def _selected_columns(analysis: Analysis, selection: SelectionSpec,
         pairs = _key_sorted([(tuple(c[i] for c in keys), i) for i in picked])
         groups, picked = [g for g, _ in pairs], [i for _, i in pairs]
     order = np.array(picked, dtype=np.intp)
-    if isinstance(exact, ExactColumns):
-        stats = [exact.column(j, order) for j in range(key_count, width)]
-    else:
-        stats = [[exact[i][j] for i in picked] for j in range(key_count, width)]
+    stats = [[rows[i][j] for i in picked] for j in range(key_count, width)]
     stat_rows = list(zip(*map(_statistic_column, stats), strict=True))
     return groups, noisy[order].tolist(), stat_rows
-
-
-def _count_column(exact: ExactColumns, j: int) -> Sequence[float]:
-    """Column j of `exact` as _finite_column(_statistic_column(...)) reads it: the same
-    numbers, as an array where numpy holds them (NULL and non-finite as 0)."""
-    values, nulls = exact.values[j], exact.nulls[j]
-    if values.dtype.kind == "i" or (values.dtype.kind == "u" and values.dtype.itemsize < 8):
-        ints = values.astype(np.int64, copy=False)
-        return ints if nulls is None else np.where(nulls, 0, ints)
-    if values.dtype.kind == "f":
-        floats = values.astype(np.float64, copy=False)
-        finite = np.isfinite(floats) if nulls is None else np.isfinite(floats) & ~nulls
-        return floats if finite.all() else np.where(finite, floats, 0.0)
-    return _count_values(exact.column(j))
 
 
 def _count_values(values: list[object]) -> Sequence[float]:

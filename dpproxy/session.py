@@ -52,7 +52,7 @@ from .plan import (
 )
 from .policy import AnalystPolicy, Policy, env_password, load_policy
 from .postprocess import evaluate
-from .release import ColumnAccuracy, Interval, Released, release, takes_columns
+from .release import ColumnAccuracy, Interval, Released, release
 from .rewrite import Rewritten, rewrite
 from .shapes import Shape, TemplateShape, intact, lift, parameter_value, unlift
 
@@ -596,8 +596,7 @@ class Session:
             unbounded = rewritten.unbounded if self.engine.policy.privacy.verify_bounds \
                 else None
             exact_rows = self.engine.backend.run_aggregate(
-                rewritten.sql, rewritten.parameters(values), unbounded=unbounded,
-                columns=takes_columns(plan))
+                rewritten.sql, rewritten.parameters(values), unbounded=unbounded)
         except errors.Error as exc:
             self.engine.ledger.drop_claim(self.analyst.name, key, charge.charge_id)
             self._audit(analysis.statement, "failed", exc, epsilon=plan.cost.epsilon,

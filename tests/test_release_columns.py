@@ -1,22 +1,19 @@
 """The column-wise release of private-key groups (`release._selected_columns`) against the
 row-by-row one (`release.COLUMNAR` off), on real DuckDB and PostgreSQL.
 
-With private keys, `release` thresholds every candidate group's noisy count with numpy
-and builds tuples for the kept groups only; DuckDB may hand it the result as
-`ExactColumns` (numpy arrays) rather than rows. Both must give exactly what the rows and
-their dict of groups give. To compare two runs value for value, the noise is made
-deterministic here (each vector's k-th draw a fixed function of k): both readings then see
-the very same draws, so any difference in groups, keys, order, values, their types or
-intervals is the reading's. Without that patch, the last tests check the threshold itself
-with real noise.
+With private keys, `release` reads the backend's rows column by column, thresholds every
+candidate group's noisy count with numpy and builds tuples for the kept groups only. It
+must give exactly what the rows and their dict of groups give. To compare two runs value
+for value, the noise is made deterministic here (each vector's k-th draw a fixed function
+of k): both readings then see the very same draws, so any difference in groups, keys,
+order, values, their types or intervals is the reading's. Without that patch, the last
+tests check the threshold itself with real noise.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 from collections.abc import Iterator, Sequence
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +23,11 @@ import pytest
 from dpproxy import batch_noise, mechanisms
 from dpproxy import release as r
 from dpproxy.analyze import Analysis, analyze
-from dpproxy.backends.duckdb import DuckDBBackend
 from dpproxy.mechanisms import calibrate, release_array, release_many
 from dpproxy.parse import parse_statements
 from dpproxy.plan import QueryOptions, QueryPlan, plan_query
 from dpproxy.policy import Policy, load_policy
-from dpproxy.release import ExactColumns, Released, release, takes_columns
+from dpproxy.release import Released, release
 from dpproxy.selection import effective_threshold
 from dpproxy.session import Engine
 from tests.tables import Tables, backend_section, duckdb_with, postgres_with
@@ -46,8 +42,8 @@ path = "LEDGER.sqlite"
 [audit]
 path = "LEDGER.jsonl"
 
-# g: one row per person (no privacy unit), so DuckDB's counts are BIGINT and its results
-# come as ExactColumns; u: a privacy unit, whose COUNT(*) is a sum (HUGEINT): rows
+# g: one row per person (no privacy unit), so DuckDB's counts are BIGINT; u: a privacy
+# unit, whose COUNT(*) is a sum (HUGEINT on DuckDB)
 [tables.g.columns]
 c = { type = "text" }
 x = { type = "float", lower = 0, upper = 100 }
@@ -177,7 +173,7 @@ def typed(released: Released) -> tuple[Any, ...]:
             [[(type(v), v) for v in row] for row in released.rows], released.intervals)
 
 
-def both_ways(plan: QueryPlan, exact: Sequence[tuple[object, ...]] | ExactColumns,
+def both_ways(plan: QueryPlan, exact: Sequence[tuple[object, ...]],
               monkeypatch: pytest.MonkeyPatch) -> tuple[Released, Released]:
     """release() column-wise (checking it was taken) and row by row, on the same draws."""
     taken = []
@@ -219,25 +215,13 @@ def test_columns_and_rows_release_the_same(backend: str, tmp_path: Path, sql: st
                                            selection: str, counted: bool, fixed_noise: None,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The same groups, keys, order, values, types and intervals column-wise as row by
-    row, from what the backend returns and from its rows; a released count that selected
-    its group is the group's exact count plus that group's draw, and reaches the
-    threshold."""
+    row, from the backend's rows; a released count that selected its group is the group's
+    exact count plus that group's draw, and reaches the threshold."""
     with Engine.from_path(policy_file(tmp_path, backend)) as engine:
         plan = plan_of(engine.policy, sql, selection)
-        assert plan.selection is not None and takes_columns(plan)
+        assert plan.selection is not None
         rewritten = engine.rewritten(plan)
-        returned = engine.backend.run_aggregate(rewritten.sql, rewritten.parameters(),
-                                                columns=True)
         rows = engine.backend.run_aggregate(rewritten.sql, rewritten.parameters())
-    # DuckDB hands columns where numpy holds every value exactly; PostgreSQL rows
-    assert isinstance(returned, ExactColumns) == ("duckdb" in backend and " u " not in sql)
-    if isinstance(returned, ExactColumns):  # (the rows of another run: in any order)
-        got = sorted(returned.rows(), key=repr)
-        assert got == sorted(rows, key=repr)
-        assert [[type(v) for v in row] for row in got] == \
-            [[type(v) for v in row] for row in sorted(rows, key=repr)]
-    columnwise, by_rows = both_ways(plan, returned, monkeypatch)
-    assert typed(columnwise) == typed(by_rows)
     columnwise, by_rows = both_ways(plan, rows, monkeypatch)
     assert typed(columnwise) == typed(by_rows)
     assert len(columnwise.rows) >= 3  # something was kept …
@@ -258,9 +242,9 @@ def test_columns_and_rows_release_the_same(backend: str, tmp_path: Path, sql: st
 def test_a_session_releases_the_same_either_way(backend: str, tmp_path: Path,
                                                 zero_noise: None,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """Through a session (the backend asked for columns where release takes them): the
-    same result column-wise as row by row (two engines, each its own ledger; noiseless,
-    since the backend's row order, which decides who gets which draw, may differ)."""
+    """Through a session: the same result column-wise as row by row (two engines, each its
+    own ledger; noiseless, since the backend's row order, which decides who gets which
+    draw, may differ)."""
     sql = "SELECT x, COUNT(*), SUM(v) FROM g GROUP BY x"
     results = []
     for columnar in (True, False):
@@ -301,54 +285,6 @@ def test_keys_that_normalize_alike_are_read_by_rows(tmp_path: Path, fixed_noise:
             (twin,) = [row for row in expected.rows if row[0] == 0.0]
             assert math.copysign(1.0, twin[0]) == -1.0
             assert twin[1] == threshold + 70 + _draws(42).tolist()[10]
-        values = np.array([row[0] for row in rows], dtype=np.float64)
-        columns = ExactColumns((values, np.array([row[1] for row in rows])), (None, None))
-        if twins[0][0] == -0.0:  # numpy holds these exactly: the same once as columns
-            assert r._selected_columns(analysis, plan.selection, columns) is None
-            assert typed(release(plan, columns)) == typed(expected)
-
-
-def test_exact_columns_read_back_as_the_rows() -> None:
-    """column() and rows() give what the rows hold, NULLs as None, at an index too."""
-    columns = ExactColumns(
-        (np.array(["a", "b", "c"], dtype=object), np.array([1, 2, 3], dtype=np.int32),
-         np.array([0.5, math.inf, 2.0]), np.array([True, False, True])),
-        (np.array([False, True, False]), None, np.array([False, False, True]), None))
-    assert columns.rows() == [("a", 1, 0.5, True), (None, 2, math.inf, False),
-                              ("c", 3, None, True)]
-    assert [type(v) for v in columns.rows()[0]] == [str, int, float, bool]
-    assert columns.column(0, np.array([2, 1])) == ["c", None]
-    assert len(columns) == 3 and len(ExactColumns((), ())) == 0
-    assert ExactColumns((np.zeros(0, dtype=object),), (None,)).rows() == []
-
-
-def test_duckdb_hands_columns_only_where_numpy_is_exact(tmp_path: Path) -> None:
-    """fetchnumpy's arrays where they hold fetchall's values (NULLs included); rows for
-    HUGEINT (float64 in numpy), DECIMAL and DATE."""
-    path = duckdb_with(tmp_path / "types.duckdb", {"t": ("i INTEGER", [(1,), (2,)])})
-    backend = DuckDBBackend(path)
-    try:
-        exact_sql = ("SELECT * FROM (VALUES ('a', 1::TINYINT, 2::SMALLINT, 3, 4::BIGINT, "
-                     "0.5::DOUBLE, true), (NULL, NULL, NULL, NULL, NULL, NULL, NULL), "
-                     "('c', -1::TINYINT, -2::SMALLINT, -3, 9007199254740993::BIGINT, "
-                     "'nan'::DOUBLE, false)) v(a, b, c, d, e, f, g)")
-        columns = backend.run_aggregate(exact_sql, columns=True)
-        rows = backend.run_aggregate(exact_sql)
-        assert isinstance(columns, ExactColumns)
-        got = columns.rows()
-        assert [[type(v) for v in row] for row in got] == [[type(v) for v in row]
-                                                           for row in rows]
-        assert got[:2] == rows[:2] and got[2][:5] == rows[2][:5] == \
-            ("c", -1, -2, -3, 9007199254740993)
-        assert math.isnan(got[2][5]) and got[2][6] is False
-        for sql, value in [("SELECT 9007199254740993::HUGEINT", 9007199254740993),
-                           ("SELECT 1.25::DECIMAL(10, 2)", Decimal("1.25")),
-                           ("SELECT DATE '2024-01-02'", dt.date(2024, 1, 2))]:
-            assert backend.run_aggregate(sql, columns=True) == [(value,)]
-        empty = backend.run_aggregate("SELECT i FROM t WHERE i > 5", columns=True)
-        assert isinstance(empty, ExactColumns) and empty.rows() == []
-    finally:
-        backend.close()
 
 
 def test_release_array_is_release_many_as_an_array() -> None:
@@ -403,8 +339,7 @@ def test_the_released_count_is_the_draw_that_cleared_the_threshold(backend: str,
 def test_a_count_just_below_the_threshold_is_never_released(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """At the boundary: noisy counts T − 1 are dropped and T kept, column-wise and row by
-    row alike, from rows and from columns (the noise here takes every group to T − 1 or
-    T)."""
+    row alike (the noise here takes every group to T − 1 or T)."""
     plan = plan_of(unread_policy(tmp_path), "SELECT c, COUNT(*) FROM g GROUP BY c", "rows")
     assert plan.selection is not None
     threshold = effective_threshold(plan.selection)
@@ -414,11 +349,8 @@ def test_a_count_just_below_the_threshold_is_never_released(
         np.array([threshold - (i % 2) - 100 - i for i in range(m)], dtype=np.int64)
         for _, _, m in params])
     expected = [(f"k{i:03d}", threshold) for i in range(0, 200, 2)]
-    columns = ExactColumns((np.array([k for k, _ in exact], dtype=object),
-                            np.array([n for _, n in exact], dtype=np.int64)), (None, None))
-    for exact_input in (exact, columns):
-        for columnar in (True, False):
-            monkeypatch.setattr(r, "COLUMNAR", columnar)
-            got = release(plan, exact_input).rows
-            assert got == expected
-            assert all(type(n) is int for _, n in got)
+    for columnar in (True, False):
+        monkeypatch.setattr(r, "COLUMNAR", columnar)
+        got = release(plan, exact).rows
+        assert got == expected
+        assert all(type(n) is int for _, n in got)

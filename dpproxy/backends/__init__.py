@@ -7,35 +7,22 @@ its own error messages are withheld from the analyst (they may quote data).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, Protocol, overload
+from typing import Protocol
 
 from ..bounds import Unbounded
 from ..policy import Policy
-from ..release import ExactColumns
 
 
 class Backend(Protocol):
     dialect: str  # sqlglot dialect the rewrite emits for this backend
 
-    @overload
     def run_aggregate(self, sql: str, parameters: Sequence[object] = (),
-                      unbounded: Unbounded | None = None, columns: Literal[False] = False
-                      ) -> list[tuple[object, ...]]: ...
-
-    @overload
-    def run_aggregate(self, sql: str, parameters: Sequence[object] = (),
-                      unbounded: Unbounded | None = None, *, columns: bool
-                      ) -> list[tuple[object, ...]] | ExactColumns: ...
-
-    def run_aggregate(self, sql: str, parameters: Sequence[object] = (),
-                      unbounded: Unbounded | None = None, columns: bool = False
-                      ) -> list[tuple[object, ...]] | ExactColumns:
+                      unbounded: Unbounded | None = None) -> list[tuple[object, ...]]:
         """Run one rewritten statement; raise BackendError (never the raw error) on failure.
 
         `unbounded`: the same statistics without contribution bounding, which the backend
         runs instead where it can prove, for the data the query reads, that bounding
-        removes nothing (`dpproxy.bounds`). `columns`: the result may come as ExactColumns
-        (which `release` takes faster, see `takes_columns`), where the backend can."""
+        removes nothing (`dpproxy.bounds`)."""
         ...
 
     def data_version(self) -> str:

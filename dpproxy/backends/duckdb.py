@@ -16,15 +16,12 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
-from typing import Literal, overload
 
 import duckdb
-import numpy as np
 
 from ..bounds import BoundCheck, BoundingCounts, Unbounded
 from ..errors import BackendError, InvalidPolicy
 from ..policy import Policy
-from ..release import ExactColumns
 
 # "off": run every statement from its text, for A/B benchmarks.
 PREPARED_STATEMENTS = os.environ.get("DPPROXY_PREPARED", "on").lower() != "off"
@@ -107,29 +104,6 @@ class _Prepared:
         return None
 
 
-# Result types whose numpy arrays (fetchnumpy) hold exactly the values fetchall gives: not
-# HUGEINT (the sum of BIGINTs, a float64 array), DECIMAL (float64) or DATE (datetime64)
-_NUMPY_TYPES = frozenset({"BOOLEAN", "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "DOUBLE",
-                          "VARCHAR"})
-
-
-def _fetch_columns(result: duckdb.DuckDBPyConnection) -> list[tuple[object, ...]] | ExactColumns:
-    """The result as ExactColumns where numpy holds every column exactly, else as rows."""
-    if not _NUMPY_TYPES.issuperset(str(d[1]) for d in result.description or ()):
-        return result.fetchall()
-    values, nulls = [], []
-    # by position: fetchnumpy renames a repeated column name
-    for column in result.fetchnumpy().values():
-        if isinstance(column, np.ma.MaskedArray):  # a column with NULLs
-            mask = np.ma.getmaskarray(column)
-            values.append(column.data)
-            nulls.append(mask if mask.any() else None)
-        else:
-            values.append(column)
-            nulls.append(None)
-    return ExactColumns(tuple(values), tuple(nulls))
-
-
 class DuckDBBackend:
     dialect = "duckdb"
 
@@ -181,10 +155,9 @@ class DuckDBBackend:
             self._local.prepared = _Prepared(cursor)
         return cursor
 
-    def _run(self, sql: str, parameters: Sequence[object]) -> duckdb.DuckDBPyConnection:
-        """Run `sql` with `parameters` on this thread's cursor, its result not yet fetched: a
-        text run before runs as the statement prepared then (DuckDB skips parsing, binding
-        and planning it)."""
+    def _run(self, sql: str, parameters: Sequence[object]) -> list[tuple[object, ...]]:
+        """Run `sql` with `parameters` on this thread's cursor: a text run before runs as
+        the statement prepared then (DuckDB skips parsing, binding and planning it)."""
         cursor = self._cursor()
         if PREPARED_STATEMENTS:
             prepared: _Prepared = self._local.prepared
@@ -192,22 +165,11 @@ class DuckDBBackend:
             if name is not None:
                 arguments = prepared.arguments(parameters)
                 if arguments is not None:
-                    return cursor.execute(f"EXECUTE {name}{arguments}")
-        return cursor.execute(sql, list(parameters))
-
-    @overload
-    def run_aggregate(self, sql: str, parameters: Sequence[object] = (),
-                      unbounded: Unbounded | None = None, columns: Literal[False] = False
-                      ) -> list[tuple[object, ...]]: ...
-
-    @overload
-    def run_aggregate(self, sql: str, parameters: Sequence[object] = (),
-                      unbounded: Unbounded | None = None, *, columns: bool
-                      ) -> list[tuple[object, ...]] | ExactColumns: ...
+                    return cursor.execute(f"EXECUTE {name}{arguments}").fetchall()
+        return cursor.execute(sql, list(parameters)).fetchall()
 
     def run_aggregate(self, sql: str, parameters: Sequence[object] = (),
-                      unbounded: Unbounded | None = None, columns: bool = False
-                      ) -> list[tuple[object, ...]] | ExactColumns:
+                      unbounded: Unbounded | None = None) -> list[tuple[object, ...]]:
         if unbounded is not None:
             if self._bounds_hold(unbounded.check):
                 sql, parameters = unbounded.sql, unbounded.parameters(parameters)
@@ -215,10 +177,7 @@ class DuckDBBackend:
             else:
                 self.bounding.enforced += 1
         try:
-            result = self._run(sql, parameters)
-            if columns:
-                return _fetch_columns(result)
-            return result.fetchall()
+            return self._run(sql, parameters)
         except duckdb.Error as exc:
             raise BackendError(
                 "the backend could not run the rewritten query",

@@ -173,10 +173,7 @@ class PostgresBackend:
         conn.adapters.register_loader("timestamptz", _InfinityTimestamptzLoader)
 
     def run_aggregate(self, sql: str, parameters: Sequence[object] = (),
-                      unbounded: Unbounded | None = None, columns: bool = False
-                      ) -> list[tuple[object, ...]]:
-        """Rows, whether or not `columns` are welcome: `release` reads rows column-wise
-        itself, and psycopg hands rows."""
+                      unbounded: Unbounded | None = None) -> list[tuple[object, ...]]:
         try:
             with self._pool.connection() as conn, conn.cursor() as cursor:
                 if unbounded is not None:

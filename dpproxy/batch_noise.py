@@ -190,18 +190,13 @@ def discrete_laplace(params: Sequence[tuple[int, int, int]]) -> list[np.ndarray]
     does not fit. All parameters' trials run in one batch; each takes its own first m
     accepted trials."""
     assert all(1 <= t < _MAX_T and 1 <= s < _MAX_T for t, s, _ in params)
-    chunks: list[list[np.ndarray]] = [[] for _ in params]
-    have = [0] * len(params)
-    while True:
-        todo = [j for j, (_, _, m) in enumerate(params) if have[j] < m]
-        if not todo:
-            break
+
+    def trials(todo: list[int], wants: list[int]) -> list[np.ndarray]:
         t = [params[j][0] for j in todo]
         s = [params[j][1] for j in todo]
         sizes = []
-        for j in todo:
-            tj, sj, m = params[j]
-            want = m - have[j]
+        for j, want in zip(todo, wants, strict=True):
+            tj, sj, _ = params[j]
             # the share of trials kept (sizes the batch only): E[exp(-U/t)], then the sign
             # step drops half of the zeros, P(Y = 0) = 1 − exp(-s/t)
             kept = (-math.expm1(-1.0) / (tj * -math.expm1(-1 / tj))) \
@@ -234,12 +229,29 @@ def discrete_laplace(params: Sequence[tuple[int, int, int]]) -> list[np.ndarray]
         keep = ~(negative & (y == 0))  # otherwise 0 would be counted twice
         y = np.where(negative, -y, y)[keep]
         block = block[keep]
-        for k, j in enumerate(todo):
-            mine = y[block == k][:params[j][2] - have[j]]
+        return [y[block == k] for k in range(len(todo))]
+
+    return [_concatenate([c.astype(object) for c in cs] if any(c.dtype == object for c in cs)
+                         else cs) for cs in _first_accepted([m for _, _, m in params], trials)]
+
+
+def _first_accepted(wanted: Sequence[int],
+                    trials: Callable[[list[int], list[int]], list[np.ndarray]]
+                    ) -> list[list[np.ndarray]]:
+    """Rounds of `trials(todo, wants)` (each parameter in `todo` still wanting that many
+    draws; it returns each one's accepted draws, in order) until parameter j has its
+    first wanted[j] accepted draws: per parameter, the chunks that make them up."""
+    chunks: list[list[np.ndarray]] = [[] for _ in wanted]
+    have = [0] * len(wanted)
+    while True:
+        todo = [j for j, m in enumerate(wanted) if have[j] < m]
+        if not todo:
+            return chunks
+        wants = [wanted[j] - have[j] for j in todo]
+        for j, want, accepted in zip(todo, wants, trials(todo, wants), strict=True):
+            mine = accepted[:want]
             chunks[j].append(mine)
             have[j] += mine.size
-    return [_concatenate([c.astype(object) for c in cs] if any(c.dtype == object for c in cs)
-                         else cs) for cs in chunks]
 
 
 def _bernoulli_ratio(lo: np.ndarray, rest: list[int], den: list[int], index: np.ndarray
@@ -276,17 +288,12 @@ def discrete_gaussian(params: Sequence[tuple[int, int, int]]) -> list[np.ndarray
     computed once per distinct |y|; each parameter takes its first m accepted."""
     scales = [math.isqrt(p // q) + 1 for p, q, _ in params]
     assert all(t < _MAX_GAUSS_T for t in scales)
-    chunks: list[list[np.ndarray]] = [[] for _ in params]
-    have = [0] * len(params)
-    while True:
-        todo = [j for j, (_, _, m) in enumerate(params) if have[j] < m]
-        if not todo:
-            break
+
+    def trials(todo: list[int], wants: list[int]) -> list[np.ndarray]:
         # acceptance is above 0.45 for any σ (≈ 0.76 for large σ); the margin makes one
         # pass the usual case
-        proposals = discrete_laplace([(scales[j], 1, 2 * (params[j][2] - have[j])
-                                       + 3 * math.isqrt(params[j][2] - have[j]) + 16)
-                                      for j in todo])
+        proposals = discrete_laplace([(scales[j], 1, 2 * want + 3 * math.isqrt(want) + 16)
+                                      for j, want in zip(todo, wants, strict=True)])
         whole: list[int] = []
         rest: list[int] = []
         den: list[int] = []
@@ -308,13 +315,10 @@ def discrete_gaussian(params: Sequence[tuple[int, int, int]]) -> list[np.ndarray
         lane = _concatenate(lanes)
         accept = _bern_exp_neg_split(np.array(whole, dtype=np.int64)[lane],
                                      np.array(lo, dtype=np.uint64)[lane], rest, den, lane)
-        start = 0
-        for j, y in zip(todo, proposals, strict=True):
-            mine = y[accept[start:start + y.size]][:params[j][2] - have[j]]
-            start += y.size
-            chunks[j].append(mine)
-            have[j] += mine.size
-    return [_concatenate(cs) for cs in chunks]
+        ends = np.cumsum([y.size for y in proposals]).tolist()
+        return [y[accept[end - y.size:end]] for y, end in zip(proposals, ends, strict=True)]
+
+    return [_concatenate(cs) for cs in _first_accepted([m for _, _, m in params], trials)]
 
 
 def snapped(exact: Sequence[float], gamma: float) -> np.ndarray | None:

@@ -85,16 +85,18 @@ def benchmark_policy(folder: Path, name: str) -> Path:
 VARIANTS: list[tuple[str, str, dict[str, str]]] = [
     ("before: 1 worker, fsync'd answers, no group commit, no parse cache", "1",
      {"DPPROXY_LEDGER_FAST_COMMITS": "off", "DPPROXY_PARSE_CACHE": "off",
-      "DPPROXY_FAST_REPEATS": "off", "DPPROXY_SHAPE_CACHE": "off", "DPPROXY_PREPARED": "off"}),
+      "DPPROXY_FAST_REPEATS": "off", "DPPROXY_SHAPE_CACHE": "off", "DPPROXY_PREPARED": "off",
+      "DPPROXY_SHARED_SCANS": "off"}),
     ("+ parse cache", "1", {"DPPROXY_LEDGER_FAST_COMMITS": "off",
                             "DPPROXY_FAST_REPEATS": "off", "DPPROXY_SHAPE_CACHE": "off",
-                            "DPPROXY_PREPARED": "off"}),
+                            "DPPROXY_PREPARED": "off", "DPPROXY_SHARED_SCANS": "off"}),
     ("+ group commit, fsync-free answers, repeats looked up first (1 worker)", "1",
-     {"DPPROXY_SHAPE_CACHE": "off", "DPPROXY_PREPARED": "off"}),
+     {"DPPROXY_SHAPE_CACHE": "off", "DPPROXY_PREPARED": "off", "DPPROXY_SHARED_SCANS": "off"}),
     ("+ shape cache: one analysis and rewrite per query shape (1 worker)", "1",
-     {"DPPROXY_PREPARED": "off"}),
-    ("+ prepared DuckDB statements (1 worker)", "1", {}),
-    ("+ worker processes, one per core (all on)", "auto", {}),
+     {"DPPROXY_PREPARED": "off", "DPPROXY_SHARED_SCANS": "off"}),
+    ("+ prepared DuckDB statements (1 worker)", "1", {"DPPROXY_SHARED_SCANS": "off"}),
+    ("+ worker processes, one per core", "auto", {"DPPROXY_SHARED_SCANS": "off"}),
+    ("+ shared scans: overlapping runs of one text as one statement (all on)", "auto", {}),
 ]
 
 

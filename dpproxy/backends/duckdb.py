@@ -22,10 +22,13 @@ import duckdb
 from ..bounds import BoundCheck, BoundingCounts, Unbounded
 from ..errors import BackendError, InvalidPolicy
 from ..policy import Policy
+from .shared_scans import SharedScans
 
 # "off": run every statement from its text, for A/B benchmarks.
 PREPARED_STATEMENTS = os.environ.get("DPPROXY_PREPARED", "on").lower() != "off"
 PREPARED_PER_THREAD = 64  # statements each thread's cursor keeps prepared
+# "off": every statement runs alone, none shares a scan, for A/B benchmarks.
+SHARED_SCANS = os.environ.get("DPPROXY_SHARED_SCANS", "on").lower() != "off"
 
 
 class _Prepared:
@@ -134,6 +137,7 @@ class DuckDBBackend:
         self._lock = threading.Lock()
         self._checks: dict[str, tuple[object, ...] | None] = {}  # check SQL → observed maxima
         self.bounding = BoundingCounts()
+        self.shared = SharedScans(self._run)
 
     @classmethod
     def open(cls, policy: Policy) -> DuckDBBackend:
@@ -177,6 +181,8 @@ class DuckDBBackend:
             else:
                 self.bounding.enforced += 1
         try:
+            if SHARED_SCANS:
+                return self.shared.run(sql, parameters)
             return self._run(sql, parameters)
         except duckdb.Error as exc:
             raise BackendError(

@@ -587,32 +587,21 @@ class Session:
                             ) -> Result:
         analysis = plan.analysis
         rewritten, values = shaped if shaped is not None else (self.engine.rewritten(plan), ())
-        # announced before the charge: charges commit in groups, and the backend may run
-        # the statements that come out of one group together (`backends.shared_scans`)
-        expected = self.engine.backend.expect(rewritten.sql)
-        try:
-            # Charge first, durably, claiming the cache key in the same transaction: a
-            # failure after this point may depend on the data, so it is paid for like a
-            # release.
-            charge = self.engine.ledger.charge(self._accounts(analysis), plan.loss,
-                                               analyst=self.analyst.name,
-                                               statement=analysis.statement, claim=key)
-        except BaseException:
-            expected.withdraw()
-            raise
+        # Charge first, durably, claiming the cache key in the same transaction: a failure
+        # after this point may depend on the data, so it is paid for like a release.
+        charge = self.engine.ledger.charge(self._accounts(analysis), plan.loss,
+                                           analyst=self.analyst.name,
+                                           statement=analysis.statement, claim=key)
         try:
             unbounded = rewritten.unbounded if self.engine.policy.privacy.verify_bounds \
                 else None
             exact_rows = self.engine.backend.run_aggregate(
-                rewritten.sql, rewritten.parameters(values), unbounded=unbounded,
-                expected=expected)
+                rewritten.sql, rewritten.parameters(values), unbounded=unbounded)
         except errors.Error as exc:
             self.engine.ledger.drop_claim(self.analyst.name, key, charge.charge_id)
             self._audit(analysis.statement, "failed", exc, epsilon=plan.cost.epsilon,
                         delta=plan.cost.delta, charge_id=charge.charge_id)
             raise
-        finally:
-            expected.withdraw()  # a no-op once the run arrived at the backend
         released = release(plan, exact_rows)
         del exact_rows
         # the analyst's budget as this charge left it, read in the charge's transaction

@@ -13,7 +13,6 @@ from typing import Any
 import duckdb
 import pytest
 
-from dpproxy import errors
 from dpproxy.backends.duckdb import DuckDBBackend
 from dpproxy.backends.shared_scans import SharedScans, shared_template
 from dpproxy.parse import parse_statements
@@ -155,7 +154,7 @@ class _Gate:
         self.ran.append((sql, list(parameters)))
         if len(self.ran) == 1:
             self.started.set()
-            assert self.open.wait(60)
+            assert self.open.wait(10)
         if self.fail_shared and "__run_" in sql:
             raise duckdb.InvalidInputException("failed on purpose")
         return self._cursor_for().execute(sql, list(parameters)).fetchall()
@@ -211,65 +210,6 @@ def test_runs_arriving_while_one_runs_share_the_next_statement(
     assert len(gate.ran) == 2 and "__run_3" in gate.ran[1][0] and "__run_4" not in gate.ran[1][0]
     assert gate.ran[1][1] == [v for _, p in statements[1:] for v in p]
     assert (scans.counts.statements, scans.counts.runs, scans.counts.largest) == (2, 5, 4)
-
-
-def test_a_leading_run_waits_for_the_runs_announced_and_only_for_them(
-        engine: Engine, backend: DuckDBBackend) -> None:
-    """With runs of its text announced (`expect`) and not arrived, a leading run waits (here
-    up to 60 s) until they come or are withdrawn, then leads them all in one statement; with
-    none announced it goes at once."""
-    text, _ = _unbounded(engine, SHAREABLE[0][0], [0])
-    gate = _Gate(backend._cursor)
-    gate.open.set()
-    scans = SharedScans(gate, linger_s=60.0)
-    cursor = backend._cursor()
-
-    def expected_rows(value: int) -> Rows:
-        return cursor.execute(text, [value]).fetchall()
-
-    assert scans.run(text, [5]) == expected_rows(5)  # none announced: no wait
-    assert scans.counts.lingered == 0
-    gate.ran.clear()
-    announced = [scans.expect(text) for _ in range(4)]
-    results: dict[int, Rows] = {}
-
-    def run(value: int, expected: Any) -> None:
-        results[value] = scans.run(text, [value], expected)
-
-    first = threading.Thread(target=run, args=(0, announced[0]))
-    first.start()
-    _until(lambda: scans.counts.lingered == 1)  # three more announced: it waits
-    later = [threading.Thread(target=run, args=(v, e))
-             for v, e in ((1000, announced[1]), (5000, announced[2]))]
-    for thread in later:
-        thread.start()
-    _until(lambda: len(scans._waiting.get(text, [])) == 3)
-    assert first.is_alive() and not gate.ran  # still waiting for the fourth
-    announced[3].withdraw()  # it will not come (its charge failed, say)
-    announced[3].withdraw()  # withdrawing twice changes nothing
-    for thread in (first, *later):
-        thread.join(10)
-        assert not thread.is_alive()
-    assert len(gate.ran) == 1 and "__run_2" in gate.ran[0][0] and "__run_3" not in gate.ran[0][0]
-    for value, rows in results.items():
-        assert rows == expected_rows(value)
-    assert scans._coming == {}
-
-
-def test_a_session_announces_its_run_and_withdraws_it_when_the_charge_fails(
-        make_policy: Callable[..., Path]) -> None:
-    """A refused charge leaves nothing announced, so no later run waits for it."""
-    policy = make_policy({"budget = { epsilon = 10.0, delta = 1e-5 }":
-                          "budget = { epsilon = 0.15, delta = 1e-5 }"})
-    with Engine.from_path(policy) as engine:
-        backend = engine.backend
-        assert isinstance(backend, DuckDBBackend)
-        session = engine.session("alice")
-        session.execute(SHAREABLE[0][0], [1])  # ε = 0.1 of 0.15
-        with pytest.raises(errors.BudgetExceeded):
-            session.execute(SHAREABLE[0][0], [2])
-        assert backend.shared._coming == {}
-        assert backend.shared.counts.runs == 1
 
 
 def test_a_shared_statement_that_fails_runs_each_alone_with_its_own_outcome(

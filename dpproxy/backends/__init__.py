@@ -11,25 +11,18 @@ from typing import Protocol
 
 from ..bounds import Unbounded
 from ..policy import Policy
-from .shared_scans import Expected
 
 
 class Backend(Protocol):
     dialect: str  # sqlglot dialect the rewrite emits for this backend
 
     def run_aggregate(self, sql: str, parameters: Sequence[object] = (),
-                      unbounded: Unbounded | None = None, expected: Expected | None = None
-                      ) -> list[tuple[object, ...]]:
+                      unbounded: Unbounded | None = None) -> list[tuple[object, ...]]:
         """Run one rewritten statement; raise BackendError (never the raw error) on failure.
 
         `unbounded`: the same statistics without contribution bounding, which the backend
         runs instead where it can prove, for the data the query reads, that bounding
-        removes nothing (`dpproxy.bounds`). `expected`: this run's announcement."""
-        ...
-
-    def expect(self, sql: str) -> Expected:
-        """Announce that `sql` will soon run (`withdraw` it if not): a backend sharing work
-        among overlapping statements (`dpproxy.backends.shared_scans`) waits for it."""
+        removes nothing (`dpproxy.bounds`)."""
         ...
 
     def data_version(self) -> str:

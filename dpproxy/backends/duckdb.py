@@ -22,7 +22,7 @@ import duckdb
 from ..bounds import BoundCheck, BoundingCounts, Unbounded
 from ..errors import BackendError, InvalidPolicy
 from ..policy import Policy
-from .shared_scans import Expected, SharedScans
+from .shared_scans import SharedScans
 
 # "off": run every statement from its text, for A/B benchmarks.
 PREPARED_STATEMENTS = os.environ.get("DPPROXY_PREPARED", "on").lower() != "off"
@@ -172,12 +172,8 @@ class DuckDBBackend:
                     return cursor.execute(f"EXECUTE {name}{arguments}").fetchall()
         return cursor.execute(sql, list(parameters)).fetchall()
 
-    def expect(self, sql: str) -> Expected:
-        return self.shared.expect(sql) if SHARED_SCANS else Expected(None, sql)
-
     def run_aggregate(self, sql: str, parameters: Sequence[object] = (),
-                      unbounded: Unbounded | None = None, expected: Expected | None = None
-                      ) -> list[tuple[object, ...]]:
+                      unbounded: Unbounded | None = None) -> list[tuple[object, ...]]:
         if unbounded is not None:
             if self._bounds_hold(unbounded.check):
                 sql, parameters = unbounded.sql, unbounded.parameters(parameters)
@@ -186,7 +182,7 @@ class DuckDBBackend:
                 self.bounding.enforced += 1
         try:
             if SHARED_SCANS:
-                return self.shared.run(sql, parameters, expected)
+                return self.shared.run(sql, parameters)
             return self._run(sql, parameters)
         except duckdb.Error as exc:
             raise BackendError(

@@ -30,7 +30,6 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from ..bounds import BoundCheck, BoundingCounts, Unbounded
 from ..errors import BackendError, InvalidPolicy
 from ..policy import Policy, env_password
-from .shared_scans import Expected
 
 POOL_MIN_SIZE = 1
 POOL_MAX_SIZE = 10
@@ -173,12 +172,8 @@ class PostgresBackend:
         conn.adapters.register_loader("timestamp", _InfinityTimestampLoader)
         conn.adapters.register_loader("timestamptz", _InfinityTimestamptzLoader)
 
-    def expect(self, sql: str) -> Expected:
-        return Expected(None, sql)  # every statement runs alone: nothing to wait for
-
     def run_aggregate(self, sql: str, parameters: Sequence[object] = (),
-                      unbounded: Unbounded | None = None, expected: Expected | None = None
-                      ) -> list[tuple[object, ...]]:
+                      unbounded: Unbounded | None = None) -> list[tuple[object, ...]]:
         try:
             with self._pool.connection() as conn, conn.cursor() as cursor:
                 if unbounded is not None:

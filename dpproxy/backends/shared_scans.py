@@ -21,12 +21,6 @@ aggregates, and, with GROUP BY, only the groups where it has rows (the second CO
 Nothing crosses between runs: each run's aggregates see only the rows its own condition
 keeps, and each run's rows go back to its own caller, to be noised and released there.
 
-Runs overlap more often when the backend knows which are coming: a caller announces a
-run (`expect`) before the ledger commits its charge, and a run about to lead waits up
-to LINGER_S (1 ms) while runs of its text are announced and have not arrived. Charges
-commit in groups, so their runs arrive together. A run with no other announced never
-waits.
-
 Only one shape is shared: an aggregate over one subquery of row expressions whose WHERE
 holds every parameter, with no HAVING, ORDER BY, LIMIT, DISTINCT or window (the rewrite's
 statement where no bounding is needed). Anything else runs alone, as does every run when
@@ -36,7 +30,6 @@ a shared statement fails.
 from __future__ import annotations
 
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +41,6 @@ Rows = list[tuple[object, ...]]
 Runner = Callable[[str, Sequence[object]], Rows]
 
 MAX_RUNS = 16  # runs per shared statement: more makes the statement slower per run
-LINGER_S = 0.001  # the longest a leading run waits for announced runs of its text
 RUN_FLAG = "__run_{}"
 _KNOWN_TEXTS = 256  # statement texts whose template (or unshareability) is kept
 
@@ -188,37 +180,13 @@ class _Run:
     done: bool = False
 
 
-class Expected:
-    """A run announced for a statement text; `withdraw` (idempotent) if it will not run."""
-
-    def __init__(self, scans: SharedScans | None, key: str) -> None:
-        self._scans, self.key = scans, key
-
-    def withdraw(self) -> None:
-        if self._scans is not None:
-            with self._scans._lock:
-                self._withdraw_locked()
-
-    def _withdraw_locked(self) -> None:
-        scans, self._scans = self._scans, None
-        if scans is not None:
-            left = scans._coming[self.key] - 1
-            if left:
-                scans._coming[self.key] = left
-            else:
-                del scans._coming[self.key]
-                scans._changed.notify_all()  # a leader waiting for it need not wait longer
-
-
 @dataclass
 class SharedScanCounts:
-    """Statements run for shareable texts, the runs they answered, and how often a run
-    waited for company."""
+    """Statements run for shareable texts, and the runs they answered."""
 
     statements: int = 0
     runs: int = 0
     largest: int = 0
-    lingered: int = 0  # runs that waited for company before running
 
 
 class SharedScans:
@@ -226,15 +194,12 @@ class SharedScans:
     shareable text (see the module docstring). Thread-safe; each thread runs its
     statements through `run`, which must be safe to call from any thread."""
 
-    def __init__(self, run: Runner, max_runs: int = MAX_RUNS, linger_s: float = LINGER_S
-                 ) -> None:
+    def __init__(self, run: Runner, max_runs: int = MAX_RUNS) -> None:
         self._run = run
         self._max = max_runs
-        self._linger = linger_s
         self._templates: OrderedDict[str, SharedTemplate | None] = OrderedDict()
         self._waiting: dict[str, list[_Run]] = {}
         self._running: set[str] = set()
-        self._coming: dict[str, int] = {}  # announced runs not arrived, by announced key
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self.counts = SharedScanCounts()
@@ -251,46 +216,26 @@ class SharedScans:
                 self._templates.popitem(last=False)
         return template
 
-    def expect(self, key: str) -> Expected:
-        """Announce a run: `run(..., expected=)` with the announcement once it comes."""
-        with self._lock:
-            self._coming[key] = self._coming.get(key, 0) + 1
-        return Expected(self, key)
-
-    def run(self, sql: str, parameters: Sequence[object], expected: Expected | None = None
-            ) -> Rows:
-        """`sql`'s rows for `parameters`; `expected`: this run's announcement, whose key
-        names the runs a leader of `sql` waits for."""
+    def run(self, sql: str, parameters: Sequence[object]) -> Rows:
         template = self.template(sql) if parameters else None
         if template is None or len(parameters) != template.parameters:
-            if expected is not None:
-                expected.withdraw()
             return self._run(sql, parameters)
         mine = _Run(parameters)
-        key = expected.key if expected is not None else sql
         with self._changed:
             waiting = self._waiting.setdefault(sql, [])
             waiting.append(mine)
-            if expected is not None:
-                expected._withdraw_locked()  # arrived: it notifies a leader waiting for it
             while not mine.done and sql in self._running:
                 self._changed.wait()
             if mine.done:
                 return self._outcome(mine)
-            # nobody runs this text now: this run leads every waiting run of it
-            self._running.add(sql)
-            if self._linger > 0 and self._coming.get(key):
-                self.counts.lingered += 1
-                deadline = time.monotonic() + self._linger
-                while self._coming.get(key) and len(waiting) < self._max \
-                        and (left := deadline - time.monotonic()) > 0:
-                    self._changed.wait(left)
+            # nobody runs this text now: run every waiting run of it (this one included)
             batch = waiting[:self._max] if mine in waiting[:self._max] \
                 else [mine, *(r for r in waiting[:self._max - 1] if r is not mine)]
             for taken in batch:
                 waiting.remove(taken)
             if not waiting:
                 del self._waiting[sql]
+            self._running.add(sql)
         try:
             self._run_batch(sql, template, batch)
         finally:

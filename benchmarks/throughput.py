@@ -40,7 +40,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,12 @@ VARIANTS: list[tuple[str, str, dict[str, str]]] = [
     ("+ worker processes, one per core", "auto", {"DPPROXY_SHARED_SCANS": "off"}),
     ("+ shared scans: overlapping runs of one text as one statement (all on)", "auto", {}),
 ]
+# every client on one query shape (a dashboard): what shared scans are for
+ONE_SHAPE = [QUERIES[1]]
+SHARED_VARIANTS: list[tuple[str, str, dict[str, str]]] = [
+    ("shared scans off", "auto", {"DPPROXY_SHARED_SCANS": "off"}),
+    ("shared scans on", "auto", {}),
+]
 
 
 def start_server(policy: Path, workers: str | None = None,
@@ -150,8 +156,10 @@ def warm_up(connect: Callable[[], Any]) -> None:
 
 
 def run_clients(clients: int, seconds: float, connect: Callable[[], Any],
-                threshold: Callable[[], int]) -> dict[str, Any]:
-    """`clients` threads, each with its own connection, querying for `seconds`."""
+                threshold: Callable[[], int],
+                queries: Sequence[tuple[str, str]] = QUERIES) -> dict[str, Any]:
+    """`clients` threads, each with its own connection, querying for `seconds`, each
+    taking `queries` in turn."""
     latencies: list[float] = []
     failures: list[str] = []
     lock = threading.Lock()
@@ -166,7 +174,7 @@ def run_clients(clients: int, seconds: float, connect: Callable[[], Any],
             for i in itertools.count():
                 if stop.is_set():
                     break
-                _, sql = QUERIES[(number + i) % len(QUERIES)]
+                _, sql = queries[(number + i) % len(queries)]
                 began = time.perf_counter()
                 try:
                     conn.execute(sql, [threshold()]).fetchall()
@@ -215,7 +223,7 @@ def main() -> int:
     args = parser.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
     folder = Path(tempfile.mkdtemp(prefix="dpproxy-throughput-"))
-    results: dict[str, Any] = {"wire": [], "in_process": [], "ab": []}
+    results: dict[str, Any] = {"wire": [], "in_process": [], "ab": [], "ab_one_shape": []}
     try:
         process, port = start_server(benchmark_policy(folder, "wire"), args.workers)
         dsn = f"host=127.0.0.1 port={port} user=alice dbname=demo password={PASSWORD}"
@@ -231,6 +239,8 @@ def main() -> int:
                 counts, args.seconds, results["in_process"])
         if not args.no_ab:
             measure_ab(folder, max(counts), args.seconds, results["ab"])
+            measure_ab(folder, max(counts), args.seconds, results["ab_one_shape"],
+                       SHARED_VARIANTS, ONE_SHAPE)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -276,21 +286,23 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
-def measure_ab(folder: Path, clients: int, seconds: float, into: list[dict[str, Any]]
-               ) -> None:
-    """The distinct mix at `clients` through each variant's server, twice in alternation
-    (ABCD ABCD) so a change in the machine's load hits every variant alike."""
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in VARIANTS}
+def measure_ab(folder: Path, clients: int, seconds: float, into: list[dict[str, Any]],
+               variants: Sequence[tuple[str, str, dict[str, str]]] = VARIANTS,
+               queries: Sequence[tuple[str, str]] = QUERIES) -> None:
+    """The distinct mix (of `queries`) at `clients` through each variant's server, twice
+    in alternation (ABCD ABCD) so a change in the machine's load hits every variant alike."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in variants}
+    tag = "ab" if queries is QUERIES else "ab1"
     for round_ in range(2):
-        for number, (name, workers, env) in enumerate(VARIANTS):
-            process, port = start_server(benchmark_policy(folder, f"ab{round_}{number}"),
+        for number, (name, workers, env) in enumerate(variants):
+            process, port = start_server(benchmark_policy(folder, f"{tag}{round_}{number}"),
                                          workers, env)
             dsn = f"host=127.0.0.1 port={port} user=alice dbname=demo password={PASSWORD}"
             try:
                 before = cpu_seconds(process.pid)
                 run = run_clients(clients, seconds,
                                   lambda dsn=dsn: psycopg.connect(dsn, autocommit=True),
-                                  thresholds("distinct"))
+                                  thresholds("distinct"), queries)
                 used = cpu_seconds(process.pid) - before
                 run["server_cpu_ms_per_query"] = round(1000 * used / max(run["queries"], 1),
                                                        2)
@@ -298,8 +310,8 @@ def measure_ab(folder: Path, clients: int, seconds: float, into: list[dict[str, 
             finally:
                 process.send_signal(signal.SIGTERM)
                 process.wait(timeout=60)
-            print("ab", name, runs[name][-1], flush=True)
-    for name, _, _ in VARIANTS:
+            print(tag, name, runs[name][-1], flush=True)
+    for name, _, _ in variants:
         both = runs[name]
         queries = sum(r["queries"] for r in both)
         elapsed = sum(r["seconds"] for r in both)
@@ -346,13 +358,17 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append(f"| {wire['mix']} | {wire['clients']} | {wire['queries_per_s']:,.0f} | "
                      f"{wire['p50_ms']} | {wire['p99_ms']} | {local['queries_per_s']:,.0f} | "
                      f"{local['p50_ms']} | {local['p99_ms']} | {ratio:.2f} |")
-    if results.get("ab"):
-        base = results["ab"][0]["queries_per_s"] or 1
-        lines += ["", f"A/B, distinct mix, {results['ab'][0]['clients']} clients, measured "
+    for key, what in (("ab", "distinct mix"),
+                      ("ab_one_shape", f"distinct queries of one shape ({ONE_SHAPE[0][0]}: "
+                                       "every client sends it with fresh thresholds)")):
+        if not results.get(key):
+            continue
+        base = results[key][0]["queries_per_s"] or 1
+        lines += ["", f"A/B, {what}, {results[key][0]['clients']} clients, measured "
                       "side by side in this run (two alternating rounds each):", "",
                   "| server | queries/s | rounds | p50 (ms) per round | p99 (ms) per round "
-                  "| server CPU ms/query | × before |", "|---|---|---|---|---|---|---|"]
-        for row in results["ab"]:
+                  "| server CPU ms/query | × first row |", "|---|---|---|---|---|---|---|"]
+        for row in results[key]:
             lines.append(f"| {row['variant']} | {row['queries_per_s']:,.0f} | "
                          f"{', '.join(f'{q:,.0f}' for q in row['rounds_queries_per_s'])} | "
                          f"{', '.join(str(v) for v in row['p50_ms_rounds'])} | "
@@ -360,7 +376,7 @@ def markdown(results: dict[str, Any]) -> str:
                          f"{row['server_cpu_ms_per_query']} | "
                          f"{row['queries_per_s'] / base:.2f} |")
     failed = [r for r in results["wire"] + results["in_process"] + results.get("ab", [])
-              if r["failures"]]
+              + results.get("ab_one_shape", []) if r["failures"]]
     if failed:
         lines += ["", f"{sum(r['failures'] for r in failed)} queries failed; first: "
                       f"{failed[0]['first_failure']}"]

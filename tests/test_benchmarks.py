@@ -86,3 +86,7 @@ def test_throughput_runs_briefly(tmp_path: Path) -> None:
     results = json.loads((tmp_path / "throughput.json").read_text())
     assert results
     assert (tmp_path / "throughput.md").read_text().count("|") > 4
+    assert [r["variant"] for r in results["ab_one_shape"]] == ["shared scans off",
+                                                                "shared scans on"]
+    rows = results["wire"] + results["in_process"] + results["ab"] + results["ab_one_shape"]
+    assert all(r["queries"] > 0 and r["failures"] == 0 for r in rows)

@@ -60,6 +60,7 @@ OPTION_PREFIX = "dpproxy."
 OPTIONS = ("epsilon", "delta", "mechanism", "confidence", "min_units_per_group", "split",
            "selection")
 REWRITE_CACHE_SIZE = 1024
+TEMPLATES_PER_TEXT = 4  # templates kept per parameterized text: kinds of parameters seen
 # "off": analyse a query before looking up its stored answer, for A/B benchmarks.
 FAST_REPEATS = os.environ.get("DPPROXY_FAST_REPEATS", "on").lower() != "off"
 # "off": analyse and rewrite every query, even one whose shape (`dpproxy.shapes`) was seen.
@@ -196,8 +197,9 @@ class Engine:
         # (analyst, shape key) → the accepted analysis of a query of that shape (its WHERE
         # holding the shape's slots), and the backend statement of that analysis
         self._shapes: OrderedDict[tuple[str, str], tuple[Analysis, Rewritten]] = OrderedDict()
-        # parameterized texts whose parameters all land in slots: text → its template
-        self._templates: OrderedDict[str, TemplateShape | None] = OrderedDict()
+        # parameterized texts whose parameters all land in slots: text → its templates, one
+        # per kind of parameters seen (signs, integers or decimals: `TemplateShape`)
+        self._templates: OrderedDict[str, tuple[TemplateShape, ...]] = OrderedDict()
 
     def shape(self, analyst: str, key: str) -> tuple[Analysis, Rewritten] | None:
         """The analysis and backend statement of an accepted query of this shape."""
@@ -214,19 +216,18 @@ class Engine:
             if len(self._shapes) > REWRITE_CACHE_SIZE:
                 self._shapes.popitem(last=False)
 
-    def template(self, text: str) -> TemplateShape | None:
-        """How this parameterized text's shape prints for new parameter values, if known."""
+    def templates(self, text: str) -> tuple[TemplateShape, ...]:
+        """How this parameterized text's shape prints for new parameter values: a template
+        per kind of parameters seen with it."""
         with self._lock:
-            return self._templates.get(text)
+            return self._templates.get(text, ())
 
-    def knows_template(self, text: str) -> bool:
+    def remember_template(self, text: str, template: TemplateShape) -> None:
+        """Add a template of a text (at most TEMPLATES_PER_TEXT; the first ones stay)."""
         with self._lock:
-            return text in self._templates
-
-    def remember_template(self, text: str, template: TemplateShape | None) -> None:
-        """Remember a text's template (None: its parameters do not all land in slots)."""
-        with self._lock:
-            self._templates[text] = template
+            known = self._templates.get(text, ())
+            if len(known) < TEMPLATES_PER_TEXT:
+                self._templates[text] = (*known, template)
             if len(self._templates) > REWRITE_CACHE_SIZE:
                 self._templates.popitem(last=False)
 
@@ -509,14 +510,19 @@ class Session:
         return plan, (rewritten, tuple(parameter_value(v) for v in shape.values))
 
     def _remember_template(self, statement: Statement, shape: Shape) -> None:
-        """For a parameterized text seen the first time: whether its parameters all land
-        in the slots of `shape`, so that later executions need no binding or printing."""
+        """For a parameterized text bound because no template of it took its parameters:
+        whether they all land in the slots of `shape`, so that later executions with
+        parameters of the same kind need no binding or printing."""
         params = statement.params
-        if statement.template is None or not params or isinstance(params, Mapping) \
-                or self.engine.knows_template(statement.text):
+        if statement.template is None or not params or isinstance(params, Mapping):
             return
-        self.engine.remember_template(statement.text, TemplateShape.of(
-            shape, placeholder_count(statement.template)))
+        known = self.engine.templates(statement.text)
+        if len(known) >= TEMPLATES_PER_TEXT \
+                or any(t.shape_for(params) is not None for t in known):
+            return
+        template = TemplateShape.of(shape, placeholder_count(statement.template))
+        if template is not None:
+            self.engine.remember_template(statement.text, template)
 
     def _templated(self, statement: Statement
                    ) -> tuple[QueryPlan, tuple[Rewritten, tuple[object, ...]]] | None:
@@ -528,9 +534,11 @@ class Session:
         params = statement.params
         if self.analyst.budget is None or not params or isinstance(params, Mapping):
             return None
-        template = self.engine.template(statement.text)
-        shape = template.shape_for(params) if template is not None else None
-        return self._of_shape(statement, shape) if shape is not None else None
+        for template in self.engine.templates(statement.text):
+            shape = template.shape_for(params)
+            if shape is not None:
+                return self._of_shape(statement, shape)
+        return None
 
     def _query(self, statement: Statement) -> Result:
         # A repeat of a text accepted before is answered before analysis: only an accepted,

@@ -454,13 +454,17 @@ def test_templated_queries_answer_as_bound_ones(engine: Engine,
         return found
 
     monkeypatch.setattr(session_module.Session, "_templated", spy)
-    results = [alice.execute(sql, [v]) for v in (1000, 2000, 3000, -5, 2.5)]
+    values = (1000, 2000, 3000, -5, 2.5, -7, 3.5, 4000, -9.5, "7", "8")
+    results = [alice.execute(sql, [v]) for v in values]
     # the first binds and learns the template; later ones of the same kind of number use
-    # it; -5 (a sign) and 2.5 (a decimal) are other shapes, bound
-    assert calls == [False, True, True, False, False]
+    # it; -5 (a sign) and 2.5 (a decimal) are other kinds, bound the first time and then
+    # templates of their own (-7, 3.5); 4000 still finds the first. -9.5 is a fourth kind;
+    # a string never lands in a slot, so it is always bound
+    assert calls == [False, True, True, False, False, True, True, True, False, False, False]
+    assert len(engine.templates(sql)) == 4
     history = engine.ledger.history("analyst:alice")
     assert [h.statement for h in history[::-1]] == [
-        parse_statements(sql, [v])[0].ast.sql("postgres") for v in (1000, 2000, 3000, -5, 2.5)]
+        parse_statements(sql, [v])[0].ast.sql("postgres") for v in values]
     spent = alice.remaining()
     literal = alice.execute(sql.replace("%s", "3000"))
     assert alice.remaining() == spent  # the same answer key: answered, not charged

@@ -53,6 +53,9 @@ import dpproxy  # noqa: E402
 from dpproxy.demo import DEFAULT_SEED, ensure_demo  # noqa: E402
 from dpproxy.policy import load_policy  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from overhead import quote_in_readme  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
 PASSWORD = "alice-demo"  # the demo policy's verifier is for this password
 QUERIES = [  # (name, SQL with one integer parameter that makes each query distinct)
@@ -254,6 +257,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "throughput.json").write_text(json.dumps(results, indent=2) + "\n")
     (args.out / "throughput.md").write_text(markdown(results))
+    if args.out.resolve() == RESULTS.resolve():
+        quote_in_readme("throughput", markdown(results))
     print(markdown(results))
     return 0
 

@@ -172,12 +172,20 @@ def _number(placeholder: exp.Placeholder) -> int:
         return 0  # `?` or a named parameter: never shared
 
 
+def _held_lock() -> threading.Lock:
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
+
+
 @dataclass(eq=False)
 class _Run:
     parameters: Sequence[object]
     rows: Rows | None = None
     error: BaseException | None = None
     done: bool = False
+    # held until the run is answered or asked to lead: each waiting run is woken once
+    wake: threading.Lock = field(default_factory=_held_lock)
 
 
 @dataclass
@@ -201,7 +209,6 @@ class SharedScans:
         self._waiting: dict[str, list[_Run]] = {}
         self._running: set[str] = set()
         self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
         self.counts = SharedScanCounts()
 
     def template(self, sql: str) -> SharedTemplate | None:
@@ -221,32 +228,40 @@ class SharedScans:
         if template is None or len(parameters) != template.parameters:
             return self._run(sql, parameters)
         mine = _Run(parameters)
-        with self._changed:
-            waiting = self._waiting.setdefault(sql, [])
-            waiting.append(mine)
-            while not mine.done and sql in self._running:
-                self._changed.wait()
+        with self._lock:
+            lead = sql not in self._running
+            if lead:
+                self._running.add(sql)
+            else:
+                self._waiting.setdefault(sql, []).append(mine)
+        if not lead:
+            mine.wake.acquire()  # answered, or asked to lead the runs waiting by then
             if mine.done:
                 return self._outcome(mine)
-            # nobody runs this text now: run every waiting run of it (this one included)
-            batch = waiting[:self._max] if mine in waiting[:self._max] \
-                else [mine, *(r for r in waiting[:self._max - 1] if r is not mine)]
-            for taken in batch:
-                waiting.remove(taken)
-            if not waiting:
-                del self._waiting[sql]
-            self._running.add(sql)
+        with self._lock:
+            waiting = self._waiting.get(sql, [])
+            batch = [mine, *waiting[:self._max - 1]]
+            del waiting[:self._max - 1]
+        successor = None
         try:
             self._run_batch(sql, template, batch)
         finally:
-            with self._changed:
-                self._running.discard(sql)
+            with self._lock:
                 self.counts.statements += 1
                 self.counts.runs += len(batch)
                 self.counts.largest = max(self.counts.largest, len(batch))
                 for taken in batch:
                     taken.done = True
-                self._changed.notify_all()
+                waiting = self._waiting.get(sql, [])
+                if waiting:
+                    successor = waiting.pop(0)
+                else:
+                    self._running.discard(sql)
+                    self._waiting.pop(sql, None)
+            for taken in batch[1:]:
+                taken.wake.release()
+            if successor is not None:
+                successor.wake.release()  # it leads the runs that came meanwhile
         return self._outcome(mine)
 
     def _run_batch(self, sql: str, template: SharedTemplate, batch: list[_Run]) -> None:

@@ -124,3 +124,19 @@ def test_switched_off_it_runs_every_text_as_text(backend: DuckDBBackend,
     for _ in range(3):
         backend.run_aggregate("SELECT COUNT(*) FROM adult")
     assert backend._local.prepared._names == {}
+
+
+def test_statements_run_without_materializing_common_subplans(backend: DuckDBBackend) -> None:
+    """Bounded statements read their filtered rows several times; the backend has DuckDB
+    scan them again rather than materialize them (a setting of the whole database, so
+    every thread's cursor has it)."""
+    seen: list[object] = []
+
+    def read() -> None:
+        seen.extend(backend.run_aggregate("SELECT current_setting('disabled_optimizers')")[0])
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    thread.join(10)
+    read()
+    assert seen == ["common_subplan", "common_subplan"]

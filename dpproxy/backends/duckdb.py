@@ -27,6 +27,7 @@ from .shared_scans import SharedScans
 # "off": run every statement from its text, for A/B benchmarks.
 PREPARED_STATEMENTS = os.environ.get("DPPROXY_PREPARED", "on").lower() != "off"
 PREPARED_PER_THREAD = 64  # statements each thread's cursor keeps prepared
+DISABLED_OPTIMIZERS = "common_subplan"
 # "off": every statement runs alone, none shares a scan, for A/B benchmarks.
 SHARED_SCANS = os.environ.get("DPPROXY_SHARED_SCANS", "on").lower() != "off"
 
@@ -126,6 +127,11 @@ class DuckDBBackend:
             "SELECT current_setting('lock_configuration')").fetchone()
         if not (locked and locked[0]):  # another engine in this process may have locked it
             self._connection.execute("SET enable_external_access = false")
+            # A bounded statement reads its filtered rows two or three times (the rows, the
+            # group chosen per unit, the rows drawn for sums); DuckDB would materialize
+            # them once for all, which costs more than scanning again (10M rows: 0.8 s
+            # against 30 ms).
+            self._connection.execute(f"SET disabled_optimizers = '{DISABLED_OPTIMIZERS}'")
             self._connection.execute("SET lock_configuration = true")
         external = self._connection.execute(
             "SELECT current_setting('enable_external_access')").fetchone()

@@ -285,3 +285,17 @@ def test_sessions_running_at_once_share_scans_and_all_answer(engine: Engine) -> 
     assert not errors
     assert rows == [14] * 72
     assert backend.shared.counts.runs == 72
+
+
+def test_a_statement_run_with_its_bounding_never_reaches_the_shared_scans(
+        engine: Engine) -> None:
+    """visits has people over its bounds, so its statements run bounded: the backend runs
+    them alone without parsing them; adult's run without bounding and are shared."""
+    backend = engine.backend
+    assert isinstance(backend, DuckDBBackend)
+    session = engine.session("alice", epsilon=0.01)
+    session.execute(SHAREABLE[5][0], [5])
+    assert backend.bounding.enforced == 1 and backend.shared.counts.runs == 0
+    assert backend.shared._templates == {}
+    session.execute(SHAREABLE[0][0], [5])
+    assert backend.bounding.skipped == 1 and backend.shared.counts.runs == 1

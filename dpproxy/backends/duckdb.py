@@ -180,14 +180,18 @@ class DuckDBBackend:
 
     def run_aggregate(self, sql: str, parameters: Sequence[object] = (),
                       unbounded: Unbounded | None = None) -> list[tuple[object, ...]]:
+        shareable = False
         if unbounded is not None:
             if self._bounds_hold(unbounded.check):
                 sql, parameters = unbounded.sql, unbounded.parameters(parameters)
                 self.bounding.skipped += 1
+                # only the statement without bounding can be shared (and only it is worth
+                # parsing to see whether it can: a bounded one is large and never can)
+                shareable = SHARED_SCANS
             else:
                 self.bounding.enforced += 1
         try:
-            if SHARED_SCANS:
+            if shareable:
                 return self.shared.run(sql, parameters)
             return self._run(sql, parameters)
         except duckdb.Error as exc:

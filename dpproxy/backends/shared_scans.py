@@ -23,8 +23,8 @@ keeps, and each run's rows go back to its own caller, to be noised and released 
 
 Only one shape is shared: an aggregate over one subquery of row expressions whose WHERE
 holds every parameter, with no HAVING, ORDER BY, LIMIT, DISTINCT or window (the rewrite's
-statement where no bounding is needed). Anything else runs alone, as does every run when
-a shared statement fails.
+statement without bounding; the backend offers no other). Anything else runs alone, as
+does every run when a shared statement fails.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dpproxy.analyze import analyze  # noqa: E402
-from dpproxy.parse import clear_parse_cache, parse_statements  # noqa: E402
+from dpproxy.parse import bound, clear_parse_cache, parse_statements  # noqa: E402
 from dpproxy.plan import QueryPlan, plan_query  # noqa: E402
 from dpproxy.policy import load_policy  # noqa: E402
 from dpproxy.release import release  # noqa: E402
@@ -195,8 +195,9 @@ def proxy_pipeline(session: Session, sql: str, rows: Sequence[tuple[Any, ...]],
 
     Not `cached`: a new text, parsed (not from the parse cache), analysed, planned, its
     statement generated, released. `cached`: a repeat of an accepted query shape, as a
-    running session serves it: the parse cache, then the shape cache (`dpproxy.shapes`)
-    for the analysis and statement, a plan for the session's options, release.
+    running session serves it: the parse cache, the text's template (`TemplateShape`) or
+    else the bound tree's shape, the shape cache (`dpproxy.shapes`) for the analysis and
+    statement, a plan for the session's options, release.
     """
     engine = session.engine
     if not cached:
@@ -206,7 +207,9 @@ def proxy_pipeline(session: Session, sql: str, rows: Sequence[tuple[Any, ...]],
         assert rewrite(p).sql  # generated on use
         release(p, rows)
         return
-    planned, shaped = session._shaped_plan(parse_statements(sql)[0])
+    statement = parse_statements(sql, bind=False)[0]
+    planned, shaped = session._templated(statement) \
+        or session._shaped_plan(bound(statement))  # which learns the text's template
     assert isinstance(planned, QueryPlan)
     rewritten = shaped[0] if shaped is not None else engine.rewritten(planned)
     assert rewritten.sql

@@ -130,8 +130,9 @@ def clear_parse_cache() -> None:
 def parse_statements(sql: str, params: Parameters = None, *, bind: bool = True
                      ) -> list[Statement]:
     """Parse every statement of a string; parameters apply to the one query among them.
-    Not `bind`: a SELECT with placeholders comes unbound (`ast` None, its `template` and
-    `params` set), for the caller to bind with `bound` only if it needs the tree."""
+    Not `bind`: a SELECT comes unbound (`ast` None, its `template` and `params` set), for
+    the caller to bind with `bound` only if it needs the tree (a copy, even without
+    parameters: the parsed tree is shared by every execution of the text)."""
     with _parsed_lock:
         unbound = _parsed.get(sql)
         if unbound is not None:
@@ -146,7 +147,7 @@ def parse_statements(sql: str, params: Parameters = None, *, bind: bool = True
     # Each statement with a query binds the parameters in turn, as they were parsed.
     return [s if s.ast is None
             else replace(s, ast=None, template=s.ast, params=params)
-            if not bind and s.kind == "select" and params
+            if not bind and s.kind == "select"
             else replace(s, ast=bind_parameters(s.ast, params, copy=True), template=s.ast,
                          params=params) for s in unbound]
 

@@ -510,11 +510,11 @@ class Session:
         return plan, (rewritten, tuple(parameter_value(v) for v in shape.values))
 
     def _remember_template(self, statement: Statement, shape: Shape) -> None:
-        """For a parameterized text bound because no template of it took its parameters:
-        whether they all land in the slots of `shape`, so that later executions with
-        parameters of the same kind need no binding or printing."""
-        params = statement.params
-        if statement.template is None or not params or isinstance(params, Mapping):
+        """For a text bound because no template of it took its parameters: whether they
+        all land in the slots of `shape` (a text without parameters: always), so that
+        later executions with parameters of the same kind need no binding or printing."""
+        params = statement.params or ()
+        if statement.template is None or isinstance(params, Mapping):
             return
         known = self.engine.templates(statement.text)
         if len(known) >= TEMPLATES_PER_TEXT \
@@ -527,12 +527,12 @@ class Session:
     def _templated(self, statement: Statement
                    ) -> tuple[QueryPlan, tuple[Rewritten, tuple[object, ...]]] | None:
         """An unbound query (`parse_statements(..., bind=False)`) whose text's parameters
-        all land in slots of an accepted shape: its plan and backend statement, from the
-        parameters alone. The shape's key and texts are those binding and `lift` would
+        (if any) all land in slots of an accepted shape: its plan and backend statement,
+        from the parameters alone. The shape's key and texts are those binding and `lift` would
         give (`TemplateShape.shape_for`), so this is `_shaped_plan`'s hit, without the
         tree."""
-        params = statement.params
-        if self.analyst.budget is None or not params or isinstance(params, Mapping):
+        params = statement.params or ()
+        if self.analyst.budget is None or isinstance(params, Mapping):
             return None
         for template in self.engine.templates(statement.text):
             shape = template.shape_for(params)

@@ -209,9 +209,12 @@ class TemplateShape:
     @classmethod
     def of(cls, shape: Shape, placeholders: int) -> TemplateShape | None:
         """The template, if every one of `placeholders` is a slot and the print can be
-        refilled; else None."""
+        refilled (a text without placeholders: always, its shape never changes); else
+        None."""
+        if placeholders == 0:
+            return cls(shape, 0)
         from_parameters = [source for source, _ in shape.sources if source is not None]
-        if not shape.marked or placeholders == 0 or len(from_parameters) != placeholders:
+        if not shape.marked or len(from_parameters) != placeholders:
             return None
         return cls(shape, max(from_parameters) + 1)
 
@@ -222,6 +225,8 @@ class TemplateShape:
         shape = self.shape
         if len(params) != self.arity:
             return None
+        if self.arity == 0:
+            return shape
         values = list(shape.values)
         pieces = list(shape.pieces)
         for slot, (source, negative) in enumerate(shape.sources):

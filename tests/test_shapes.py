@@ -473,3 +473,35 @@ def test_templated_queries_answer_as_bound_ones(engine: Engine,
     alice.set_option("epsilon", 0.25)
     again = alice.execute(sql, [4000])
     assert calls[-1] is True and again.cost is not None and again.cost.epsilon == 0.25
+
+
+def test_a_text_without_parameters_is_planned_from_its_template_after_its_first_run(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A repeated literal text (with new options, so not from the answer cache) skips
+    copying, lifting and printing its tree, and plans, charges and answers as the first."""
+    from dpproxy import session as session_module
+
+    alice = engine.session("alice")
+    sql = "SELECT occupation, COUNT(*) FROM adult WHERE capital_gain > 5000 GROUP BY occupation"
+    calls: list[bool] = []
+    templated = session_module.Session._templated
+
+    def spy(self: Session, statement: Any) -> Any:
+        found = templated(self, statement)
+        calls.append(found is not None)
+        return found
+
+    monkeypatch.setattr(session_module.Session, "_templated", spy)
+    results = []
+    for epsilon in (0.1, 0.2, 0.3):
+        alice.set_option("epsilon", epsilon)
+        results.append(alice.execute(sql))
+    assert calls == [False, True, True]
+    assert [r.cost.epsilon for r in results if r.cost is not None] == [0.1, 0.2, 0.3]
+    assert [len(r.rows) for r in results] == [14] * 3
+    history = engine.ledger.history("analyst:alice")
+    assert [h.statement for h in history[::-1]] == [
+        parse_statements(sql)[0].ast.sql("postgres")] * 3
+    with pytest.raises(errors.ProgrammingError, match="no placeholders"):
+        alice.execute(sql, [5])  # parameters for a text without placeholders: refused
+    assert len(engine.ledger.history("analyst:alice")) == 3

@@ -60,7 +60,7 @@ OPTION_PREFIX = "dpproxy."
 OPTIONS = ("epsilon", "delta", "mechanism", "confidence", "min_units_per_group", "split",
            "selection")
 REWRITE_CACHE_SIZE = 1024
-TEMPLATES_PER_TEXT = 4  # templates kept per parameterized text: kinds of parameters seen
+TEMPLATES_PER_TEXT = 4  # templates kept per query text: kinds of parameters seen
 # "off": analyse a query before looking up its stored answer, for A/B benchmarks.
 FAST_REPEATS = os.environ.get("DPPROXY_FAST_REPEATS", "on").lower() != "off"
 # "off": analyse and rewrite every query, even one whose shape (`dpproxy.shapes`) was seen.
@@ -197,7 +197,7 @@ class Engine:
         # (analyst, shape key) → the accepted analysis of a query of that shape (its WHERE
         # holding the shape's slots), and the backend statement of that analysis
         self._shapes: OrderedDict[tuple[str, str], tuple[Analysis, Rewritten]] = OrderedDict()
-        # parameterized texts whose parameters all land in slots: text → its templates, one
+        # query texts whose parameters (if any) all land in slots: text → its templates, one
         # per kind of parameters seen (signs, integers or decimals: `TemplateShape`)
         self._templates: OrderedDict[str, tuple[TemplateShape, ...]] = OrderedDict()
 
@@ -217,8 +217,8 @@ class Engine:
                 self._shapes.popitem(last=False)
 
     def templates(self, text: str) -> tuple[TemplateShape, ...]:
-        """How this parameterized text's shape prints for new parameter values: a template
-        per kind of parameters seen with it."""
+        """How this query text's shape prints for new parameter values (or none): a
+        template per kind of parameters seen with it."""
         with self._lock:
             return self._templates.get(text, ())
 
@@ -245,17 +245,19 @@ class Engine:
     def normalized_query(self, statement: Statement) -> str:
         """The bound query, identifiers normalized, as SQL text: what the answer cache keys
         on, so a query sent with literals and the same one sent with parameters share one
-        answer. Remembered per (text, typed parameters): a repeat does not generate it."""
-        assert statement.ast is not None
+        answer. Remembered per (text, typed parameters): a repeat does not generate it (nor
+        bind an unbound statement to print it)."""
         memo = _memo_key(statement)
         with self._lock:
             cached = self._normalized.get(memo)
             if cached is not None:
                 self._normalized.move_to_end(memo)
                 return cached
+        ast = bound(statement).ast
+        assert ast is not None
         # The generator lower-cases unquoted identifiers as it prints, as
         # normalize_identifiers does for PostgreSQL, without copying and walking the tree.
-        normalized = statement.ast.sql("postgres", normalize=True)
+        normalized = ast.sql("postgres", normalize=True)
         self.remember_normalized(statement, normalized)
         return normalized
 
@@ -546,19 +548,18 @@ class Session:
         # on (query, options, policy version, data, accounting), so analysing it again could
         # change nothing. (An equivalent text never seen, e.g. MEDIAN(x) after
         # PERCENTILE_CONT(0.5) …, is analysed first: its columns need its own names.)
+        names = self.engine.output_names(statement) if FAST_REPEATS else None
+        key = None
+        if names is not None:  # unbound or not: the key needs no tree for a text seen before
+            key = self._cache_key(statement)
+            cached = self._wait_for_answer(key)
+            if cached is not None:
+                return self._cached_result(statement.text, cached, names)
         templated = None
         if statement.ast is None:  # unbound: parameters that fill a known shape need no tree
             templated = self._templated(statement)
             if templated is None:
                 statement = bound(statement)
-        names = self.engine.output_names(statement) if FAST_REPEATS else None
-        key = None
-        looked_up = names is not None
-        if looked_up:
-            key = self._cache_key(statement)
-            cached = self._wait_for_answer(key)
-            if cached is not None:
-                return self._cached_result(statement.text, cached, names)
         planned, shaped = templated or self._shaped_plan(statement)
         if isinstance(planned, ConstantQuery):
             row = tuple(evaluate(o.expression, {}, {}) for o in planned.outputs)

@@ -200,8 +200,8 @@ def _source(node: exp.Literal) -> tuple[int | None, bool]:
 
 @dataclass(frozen=True)
 class TemplateShape:
-    """A parameterized statement whose every placeholder lands in a slot of one shape:
-    its shape for new parameter values, without binding or printing (`shape_for`)."""
+    """A statement whose every placeholder (if any) lands in a slot of one shape: its
+    shape for new parameter values, without binding or printing (`shape_for`)."""
 
     shape: Shape  # the shape as printed for one binding
     arity: int  # how many parameters the statement takes (binding checks it)

@@ -436,15 +436,10 @@ def test_a_parameter_outside_a_slot_gives_no_template(sql: str) -> None:
                                    parse_placeholders(statement.template)) is None
 
 
-def test_templated_queries_answer_as_bound_ones(engine: Engine,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """Executions of a parameterized text after its first skip binding: each is charged
-    and planned as the bound query, and its answer is the one the same query sent with
-    literals gets (one answer key)."""
+def _templated_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each `Session._templated` call (from now on) found a template."""
     from dpproxy import session as session_module
 
-    alice = engine.session("alice")
-    sql = "SELECT occupation, COUNT(*) FROM adult WHERE capital_gain > %s GROUP BY occupation"
     calls: list[bool] = []
     templated = session_module.Session._templated
 
@@ -454,6 +449,17 @@ def test_templated_queries_answer_as_bound_ones(engine: Engine,
         return found
 
     monkeypatch.setattr(session_module.Session, "_templated", spy)
+    return calls
+
+
+def test_templated_queries_answer_as_bound_ones(engine: Engine,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Executions of a parameterized text after its first skip binding: each is charged
+    and planned as the bound query, and its answer is the one the same query sent with
+    literals gets (one answer key)."""
+    alice = engine.session("alice")
+    sql = "SELECT occupation, COUNT(*) FROM adult WHERE capital_gain > %s GROUP BY occupation"
+    calls = _templated_calls(monkeypatch)
     values = (1000, 2000, 3000, -5, 2.5, -7, 3.5, 4000, -9.5, "7", "8")
     results = [alice.execute(sql, [v]) for v in values]
     # the first binds and learns the template; later ones of the same kind of number use
@@ -479,19 +485,9 @@ def test_a_text_without_parameters_is_planned_from_its_template_after_its_first_
         engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     """A repeated literal text (with new options, so not from the answer cache) skips
     copying, lifting and printing its tree, and plans, charges and answers as the first."""
-    from dpproxy import session as session_module
-
     alice = engine.session("alice")
     sql = "SELECT occupation, COUNT(*) FROM adult WHERE capital_gain > 5000 GROUP BY occupation"
-    calls: list[bool] = []
-    templated = session_module.Session._templated
-
-    def spy(self: Session, statement: Any) -> Any:
-        found = templated(self, statement)
-        calls.append(found is not None)
-        return found
-
-    monkeypatch.setattr(session_module.Session, "_templated", spy)
+    calls = _templated_calls(monkeypatch)
     results = []
     for epsilon in (0.1, 0.2, 0.3):
         alice.set_option("epsilon", epsilon)
@@ -502,6 +498,9 @@ def test_a_text_without_parameters_is_planned_from_its_template_after_its_first_
     history = engine.ledger.history("analyst:alice")
     assert [h.statement for h in history[::-1]] == [
         parse_statements(sql)[0].ast.sql("postgres")] * 3
+    # a plain repeat is answered from the stored answer before any template is looked at
+    assert alice.execute(sql).rows == results[-1].rows
+    assert calls == [False, True, True] and len(engine.ledger.history("analyst:alice")) == 3
     with pytest.raises(errors.ProgrammingError, match="no placeholders"):
         alice.execute(sql, [5])  # parameters for a text without placeholders: refused
     assert len(engine.ledger.history("analyst:alice")) == 3

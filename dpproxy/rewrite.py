@@ -185,26 +185,55 @@ def _is_numeric_type(to: exp.DataType) -> bool:
     return to.is_type(*exp.DataType.NUMERIC_TYPES)
 
 
-def _clamped(statistic: Statistic, table: TablePolicy, dialect: str) -> exp.Expression:
+def _clamp(statistic: Statistic, table: TablePolicy, dialect: str
+           ) -> tuple[exp.Expression, exp.Expression | None]:
+    """The argument clamped to [lower, upper] (a NULL argument clamps to NULL, NaN to
+    upper), and the NULL test to guard it with, if the clamp needs one."""
     assert statistic.argument is not None
     if dialect == "postgres":  # NUMERIC, or DOUBLE PRECISION for a bare column
         value, number = clamp_source_postgres(statistic.argument, table, statistic.lower,
                                               statistic.upper)
     else:
         value, number = make_total(statistic.argument, table, dialect), _DOUBLE
-    clamp = exp.Least(
-        this=exp.Greatest(this=exp.cast(value.copy(), number),
-                          expressions=[exp.Literal.number(statistic.lower)], ignore_nulls=True),
-        expressions=[exp.Literal.number(statistic.upper)], ignore_nulls=True)
+    source = exp.cast(value.copy(), number)
+    lower, upper = exp.Literal.number(statistic.lower), exp.Literal.number(statistic.upper)
+    if number.is_type(exp.DataType.Type.DOUBLE) and (
+            dialect != "postgres" or isinstance(statistic.argument, exp.Column)):
+        # One CASE reads the value without a NULL test: a NULL fails both comparisons and
+        # stays NULL, and both engines order NaN above every number, as GREATEST does.
+        # DuckDB computes it at a fraction of LEAST/GREATEST's cost (and evaluates a
+        # repeated expression once); PostgreSQL does not share the three reads of the
+        # value, so it takes this form only for a bare column.
+        clamp: exp.Expression = exp.Case(
+            ifs=[exp.If(this=exp.LT(this=source, expression=lower), true=lower.copy()),
+                 exp.If(this=exp.GT(this=source.copy(), expression=upper),
+                        true=upper.copy())],
+            default=source.copy())
+        guard = None
+    else:
+        clamp = exp.Least(this=exp.Greatest(this=source, expressions=[lower],
+                                            ignore_nulls=True),
+                          expressions=[upper], ignore_nulls=True)
+        # LEAST/GREATEST skip NULLs, so a NULL would become a bound: keep it NULL.
+        guard = exp.Is(this=value, expression=exp.Null())
     if statistic.integer_valued:
         # the noise is calibrated for whole numbers: make sure every summed value is one
         clamp = exp.func("ROUND", clamp)
-    centred: exp.Expression = clamp
+    return clamp, guard
+
+
+def _guarded(value: exp.Expression, guard: exp.Expression | None) -> exp.Expression:
+    if guard is None:
+        return value
+    return exp.Case(ifs=[exp.If(this=guard, true=exp.Null())], default=value)
+
+
+def clamped(statistic: Statistic, table: TablePolicy, dialect: str) -> exp.Expression:
+    """The summed value of one row: the clamped argument minus the centre."""
+    clamp, guard = _clamp(statistic, table, dialect)
     if statistic.center:
-        centred = exp.Sub(this=clamp, expression=exp.Literal.number(statistic.center))
-    # LEAST/GREATEST skip NULLs, so a NULL would become a bound: keep it NULL.
-    return exp.Case(ifs=[exp.If(this=exp.Is(this=value, expression=exp.Null()),
-                                true=exp.Null())], default=centred)
+        clamp = exp.Sub(this=clamp, expression=exp.Literal.number(statistic.center))
+    return _guarded(clamp, guard)
 
 
 def _bin_index(statistic: Statistic, table: TablePolicy, dialect: str) -> exp.Expression:
@@ -213,9 +242,8 @@ def _bin_index(statistic: Statistic, table: TablePolicy, dialect: str) -> exp.Ex
     Computed in DOUBLE on both backends, with the same operations, so that both put a
     value in the same bin."""
     binning = binning_for(statistic.lower, statistic.upper, statistic.integer_valued)
-    guarded = _clamped(statistic, table, dialect)  # CASE WHEN v IS NULL THEN NULL ELSE clamp
-    value = exp.cast(guarded.args["default"], _DOUBLE)
-    offset = exp.Sub(this=value, expression=_double(statistic.lower))
+    clamp, guard = _clamp(statistic, table, dialect)
+    offset = exp.Sub(this=exp.cast(clamp, _DOUBLE), expression=_double(statistic.lower))
     if binning.integer_points:
         index: exp.Expression = offset  # a whole number: the clamp rounds integer values
     else:
@@ -223,8 +251,7 @@ def _bin_index(statistic: Statistic, table: TablePolicy, dialect: str) -> exp.Ex
             this=exp.func("FLOOR", exp.Mul(this=exp.Paren(this=offset),
                                            expression=_double(binning.scale))),
             expressions=[_double(binning.bins - 1)], ignore_nulls=True)
-    guarded.set("default", exp.cast(index, _BIGINT))
-    return guarded
+    return _guarded(exp.cast(index, _BIGINT), guard)
 
 
 def _double(value: float) -> exp.Expression:
@@ -412,7 +439,7 @@ def _statement(plan: QueryPlan, dialect: str, bounded: bool) -> Rewritten:
     for index, measurement in enumerate(plan.measurements):
         statistic = measurement.statistic
         if statistic.kind == "sum":
-            value: exp.Expression | None = _clamped(statistic, table, dialect)
+            value: exp.Expression | None = clamped(statistic, table, dialect)
         elif statistic.kind == "quantile":
             value = _bin_index(statistic, table, dialect)
         elif statistic.kind == "count" and statistic.argument is not None:

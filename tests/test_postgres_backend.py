@@ -15,16 +15,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import psycopg
 import pytest
 from sqlglot import exp, parse_one
 
 from dpproxy import errors
+from dpproxy.analyze.aggregates import Statistic
 from dpproxy.backends.duckdb import DuckDBBackend
 from dpproxy.backends.postgres import PostgresBackend
 from dpproxy.cli import main as cli_main
 from dpproxy.policy import ColumnPolicy, Policy, TablePolicy, load_policy
-from dpproxy.rewrite import make_total
+from dpproxy.rewrite import clamped, make_total
 from dpproxy.rewrite_postgres import DATE_PATTERN, NUMBER_PATTERN
 from dpproxy.session import Engine
 from tests.exact import exact_rows, plan_for
@@ -128,6 +130,54 @@ def test_bounds_are_sound_on_postgres(pg_grid: psycopg.Connection[Any], sql: str
             assert value == math.floor(value)
     if not t.nullable:
         assert None not in values
+
+
+CLAMP_VALUES = [None, math.nan, math.inf, -math.inf, -0.0, 0.0, 5.5, -3.0, 1e300, -1e300,
+                100.0, 100.5, 7.0]
+CLAMP_TABLE = TablePolicy("c", {"x": ColumnPolicy("x", "float"), "i": ColumnPolicy("i", "int")})
+
+
+def _clamp(v: float | None, lower: float, upper: float) -> float | None:
+    """The clamp as specified: NULL stays NULL, NaN is above every number."""
+    if v is None:
+        return None
+    return upper if math.isnan(v) else min(max(v, lower), upper)
+
+
+@pytest.mark.parametrize(("sql", "lower", "upper", "integer", "center", "reference"), [
+    ("x", 0.0, 100.0, False, 0.0, lambda v: v),  # a bare column: one CASE on both
+    ("x", -10.0, 10.0, False, 2.5, lambda v: v),  # centred (AVG's sums)
+    ("x * 2", 0.0, 100.0, False, 0.0, lambda v: None if v is None else v * 2),
+    ("i", 0.0, 10.0, True, 0.0, lambda v: v),  # rounded: whole numbers for the noise
+    ("i - 1", 0.0, 10.0, True, 0.0, lambda v: None if v is None else v - 1),
+], ids=["column", "centred", "expression", "int", "int-expression"])
+def test_clamped_values_agree_on_both_backends(
+        pg_dsn: str, sql: str, lower: float, upper: float, integer: bool, center: float,
+        reference: Any) -> None:
+    """Each summed value, as the rewrite computes it per row, on PostgreSQL and DuckDB:
+    NULL stays NULL, NaN and +Infinity clamp to the upper bound, -Infinity to the lower
+    one, everything else to [lower, upper], then minus the centre. The two backends take
+    different forms (one CASE, or LEAST/GREATEST guarded against NULL) for some of these."""
+    rows = [(k, v, None if v is None or not math.isfinite(v) else int(max(min(v, 1e9), -1e9)))
+            for k, v in enumerate(CLAMP_VALUES)]
+    statistic = Statistic("sum", parse_one(sql), lower, upper, center, integer)
+    source = "i" if sql.startswith("i") else "x"
+    expected = [None if (r := reference(v if source == "x" else i)) is None
+                else _clamp(float(r), lower, upper) - center for _, v, i in rows]
+    got = {}
+    with scratch_database(pg_dsn) as dsn, psycopg.connect(dsn, autocommit=True) as con:
+        con.execute("CREATE TABLE c (k INTEGER, x DOUBLE PRECISION, i INTEGER)")
+        with con.cursor() as cur:
+            cur.executemany("INSERT INTO c VALUES (%s, %s, %s)", rows)
+        value = clamped(statistic, CLAMP_TABLE, "postgres").sql("postgres")
+        got["postgres"] = [r[0] for r in con.execute(f"SELECT {value} FROM c ORDER BY k")]
+    duck = duckdb.connect()
+    duck.execute("CREATE TABLE c (k INTEGER, x DOUBLE, i INTEGER)")
+    duck.executemany("INSERT INTO c VALUES (?, ?, ?)", rows)
+    value = clamped(statistic, CLAMP_TABLE, "duckdb").sql("duckdb")
+    got["duckdb"] = [r[0] for r in duck.execute(f"SELECT {value} FROM c ORDER BY k").fetchall()]
+    for backend, values in got.items():
+        assert [None if v is None else float(v) for v in values] == expected, backend
 
 
 UNBOUNDED = TablePolicy("edge", {name: ColumnPolicy(name, kind) for name, kind in [

@@ -20,6 +20,15 @@ the very data it was read from:
   the server's start time) equals the one it was read in: equal snapshots see the same
   committed rows.
 
+A statement grouping by public keys filters its rows by the public lists before it
+aggregates. Where the bounds hold and the check also saw few distinct groups in the whole
+table (at most `LATE_FILTER_GROUPS`), the backend runs `Unbounded.late_sql` instead: the
+same aggregate over every row, its groups filtered by the lists afterwards. The groups it
+returns are the very same (a group's rows are those with its key), and testing a key once
+per group is cheaper than testing it once per row (PostgreSQL: 99 against 125 ms on 1M
+rows; DuckDB: 8.8 against 13 ms). On a table with many keys outside the lists, the row
+filter is far cheaper than aggregating them all, hence the check.
+
 The check's result never leaves the proxy. What can be observed is time: a query is
 faster while no unit exceeds the bounds. Timing is outside the model dpproxy defends
 (as for any engine whose speed depends on data size); `[privacy] verify_bounds = false`
@@ -37,23 +46,33 @@ from sqlglot import exp
 UNIT = "__unit"
 PAIR_ROWS = "__pair_rows"
 UNIT_GROUPS = "__unit_groups"
+# Most distinct groups in a table for which the public-key filter runs after aggregation
+LATE_FILTER_GROUPS = 1024
 
 
 @dataclass(frozen=True)
 class BoundCheck:
     """A query over one table returning one row: the most rows any unit has in one group,
-    and the most groups any unit has (NULLs on an empty table)."""
+    and the most groups any unit has (NULLs on an empty table); with `counts_groups`, also
+    the number of distinct groups in the table, counted up to LATE_FILTER_GROUPS + 1."""
 
     sql: str
     max_rows: int
     max_groups: int
+    counts_groups: bool = False
 
     def holds(self, observed: Sequence[object] | None) -> bool:
         """Whether the observed maxima are within the plan's bounds."""
         if observed is None:
             return False
-        rows, groups = (0 if v is None else int(v) for v in observed)  # type: ignore[call-overload]
+        rows, groups = (0 if v is None else int(v) for v in observed[:2])  # type: ignore[call-overload]
         return rows <= self.max_rows and groups <= self.max_groups
+
+    def few_groups(self, observed: Sequence[object] | None) -> bool:
+        """Whether the table was seen to hold at most LATE_FILTER_GROUPS groups."""
+        if not self.counts_groups or observed is None or len(observed) < 3:
+            return False
+        return int(observed[2] or 0) <= LATE_FILTER_GROUPS  # type: ignore[call-overload]
 
 
 @dataclass
@@ -76,10 +95,26 @@ class Unbounded:
     generate: Callable[[], str] = field(repr=False)
     check: BoundCheck
     slots: int = 0
+    # the same statement filtering its groups, not its rows, by the public key lists
+    generate_late: Callable[[], str] | None = field(default=None, repr=False)
 
     @cached_property
     def sql(self) -> str:
         return self.generate()
+
+    @cached_property
+    def late_sql(self) -> str | None:
+        return self.generate_late() if self.generate_late is not None else None
+
+    def sql_for(self, observed: Sequence[object] | None) -> str | None:
+        """The statement to run where the check read `observed`: None where the bounds
+        may not hold (run the bounded one), the late-filtered form where the table has
+        few groups, else `sql`."""
+        if not self.check.holds(observed):
+            return None
+        if self.generate_late is not None and self.check.few_groups(observed):
+            return self.late_sql
+        return self.sql
 
     def parameters(self, bounded: Sequence[object]) -> tuple[object, ...]:
         """This statement's parameters, from the bounded statement's (salt first, if any,
@@ -88,9 +123,11 @@ class Unbounded:
 
 
 def bound_check(table: str, unit: exp.Expression, keys: Sequence[exp.Expression],
-                dialect: str, max_rows: int, max_groups: int) -> BoundCheck:
+                dialect: str, max_rows: int, max_groups: int, counts_groups: bool = False
+                ) -> BoundCheck:
     """The check for a table, its privacy unit column and the plan's group keys (total row
-    expressions, as the rewrite computes them).
+    expressions, as the rewrite computes them); `counts_groups`: with the count of distinct
+    groups (keys required).
 
     >>> from sqlglot import exp
     >>> print(bound_check("t", exp.column("uid", quoted=True), [], "duckdb", 5, 1).sql)
@@ -116,4 +153,18 @@ def bound_check(table: str, unit: exp.Expression, keys: Sequence[exp.Expression]
     check = exp.select(exp.Max(this=exp.column(PAIR_ROWS)),
                        exp.Max(this=exp.column(UNIT_GROUPS)), copy=False).from_(
         units.subquery("units", copy=False), copy=False)
-    return BoundCheck(check.sql(dialect=dialect, copy=False), max_rows, max_groups)
+    if counts_groups:
+        assert keys, "only a GROUP BY has groups to count"
+        key_rows = exp.select(*(exp.alias_(k.copy(), n) for k, n in
+                                zip(keys, key_names, strict=True)), copy=False).from_(
+            exp.Table(this=exp.to_identifier(table, quoted=True)), copy=False)
+        # LIMIT: a table with many groups is not counted to the end
+        groups = exp.select(exp.Literal.number(1), copy=False).from_(
+            key_rows.subquery("key_rows", copy=False), copy=False).group_by(
+            *(exp.column(n) for n in key_names), copy=False).limit(LATE_FILTER_GROUPS + 1,
+                                                                   copy=False)
+        check.select(exp.Subquery(this=exp.select(exp.Count(this=exp.Star()), copy=False)
+                                  .from_(groups.subquery("groups", copy=False), copy=False)),
+                     copy=False)
+    return BoundCheck(check.sql(dialect=dialect, copy=False), max_rows, max_groups,
+                      counts_groups)

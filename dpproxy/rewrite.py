@@ -363,17 +363,21 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     columns = tuple(m.column for m in plan.measurements)
     salted, slots = bool(analysis.keys), slot_count(plan)
 
-    def generate(bounded: bool) -> str:
-        statement = _statement(plan, dialect, bounded)
+    def generate(bounded: bool, late: bool = False) -> str:
+        statement = _statement(plan, dialect, bounded, late)
         # the layout promised before generating must be the one generated
         assert (statement.key_columns, statement.measurement_columns, statement.salted,
                 statement.slots, statement.unit_counts) == (
                     keys, columns, bounded and salted, slots, plan.counts_units)
         return statement.sql
 
-    return Rewritten(keys, columns, salted, lambda: generate(True),
-                     Unbounded(lambda: generate(False), _check_for(plan, dialect), slots),
-                     slots, plan.counts_units)
+    # public keys filtered after aggregation, where the check finds few groups
+    public = [k.values for k in analysis.keys if k.values is not None]
+    late = bool(public) and all(public)
+    unbounded = Unbounded(lambda: generate(False), _check_for(plan, dialect, late), slots,
+                          (lambda: generate(False, late=True)) if late else None)
+    return Rewritten(keys, columns, salted, lambda: generate(True), unbounded, slots,
+                     plan.counts_units)
 
 
 _checks: OrderedDict[tuple[object, ...], tuple[TablePolicy, BoundCheck]] = OrderedDict()
@@ -381,12 +385,13 @@ _checks_lock = threading.Lock()
 CHECK_CACHE_SIZE = 1024
 
 
-def _check_for(plan: QueryPlan, dialect: str) -> BoundCheck:
+def _check_for(plan: QueryPlan, dialect: str, counts_groups: bool) -> BoundCheck:
     """The bound check of a plan's table and keys, built once per table policy, keys and
     bounds (building it costs about as much as the statement)."""
     analysis, bound = plan.analysis, plan.contribution
     table = analysis.table
     key = (dialect, id(table), bound.privacy_unit, bound.max_rows, bound.max_groups,
+           counts_groups,
            *(("column", k.column.name) if k.expression is None
              else ("expression", k.expression.sql()) for k in analysis.keys))
     with _checks_lock:
@@ -398,7 +403,7 @@ def _check_for(plan: QueryPlan, dialect: str) -> BoundCheck:
     assert bound.privacy_unit is not None
     check = bound_check(table.name, exp.column(bound.privacy_unit, quoted=True),
                         [_key_expression(k, table, dialect) for k in analysis.keys],
-                        dialect, bound.max_rows, bound.max_groups)
+                        dialect, bound.max_rows, bound.max_groups, counts_groups)
     with _checks_lock:
         _checks[key] = (table, check)
         if len(_checks) > CHECK_CACHE_SIZE:
@@ -412,9 +417,12 @@ def _key_expression(key: GroupKey, table: TablePolicy, dialect: str) -> exp.Expr
         else make_total(key.expression, table, dialect)
 
 
-def _statement(plan: QueryPlan, dialect: str, bounded: bool) -> Rewritten:
+def _statement(plan: QueryPlan, dialect: str, bounded: bool, late: bool = False
+               ) -> Rewritten:
     """`rewrite`'s statement; `bounded=False`: the same statistics with no contribution
-    bounding (valid only where `dpproxy.bounds` proved it changes nothing)."""
+    bounding (valid only where `dpproxy.bounds` proved it changes nothing); `late` (only
+    then): the public key lists filter the groups, not the rows."""
+    assert not (late and bounded), "bounding must only ever see rows of public keys"
     analysis = plan.analysis
     table = analysis.table
     bound = plan.contribution
@@ -423,6 +431,7 @@ def _statement(plan: QueryPlan, dialect: str, bounded: bool) -> Rewritten:
     inner_items: list[exp.Expression] = []
     key_refs: list[exp.Expression] = []
     filters: list[exp.Expression] = []
+    group_filters: list[exp.Expression] = []
     for name, key in zip(key_names, analysis.keys, strict=True):
         column = _key_expression(key, table, dialect)
         inner_items.append(exp.alias_(column.copy(), name))
@@ -430,10 +439,12 @@ def _statement(plan: QueryPlan, dialect: str, bounded: bool) -> Rewritten:
         if key.values is not None:
             # keys outside the public list are dropped before bounding, so they use no slot;
             # parentheses: `x LIKE 'S%' IN (…)` would not parse
-            filters.append(exp.In(this=column.copy() if key.expression is None
-                                  else exp.Paren(this=column.copy()),
-                                  expressions=[_key_literal(v, key.column) for v in key.values])
-                           if key.values else exp.false())
+            tested = exp.column(name) if late else column.copy() if key.expression is None \
+                else exp.Paren(this=column.copy())
+            (group_filters if late else filters).append(
+                exp.In(this=tested, expressions=[_key_literal(v, key.column)
+                                                 for v in key.values])
+                if key.values else exp.false())
 
     value_names: list[str | None] = []
     for index, measurement in enumerate(plan.measurements):
@@ -528,6 +539,11 @@ def _statement(plan: QueryPlan, dialect: str, bounded: bool) -> Rewritten:
         outer = outer.where(exp.and_(*bounded_filter, copy=False), copy=False)
     if key_refs:
         outer = outer.group_by(*(k.copy() for k in key_refs), copy=False)
+    if group_filters:
+        # OFFSET 0: neither engine may push the filter below the aggregation again
+        outer = exp.select(exp.Star(), copy=False).from_(
+            outer.offset(0, copy=False).subquery("grouped", copy=False), copy=False).where(
+            exp.and_(*group_filters, copy=False), copy=False)
     salted = pairs and bool(analysis.keys)
     statement, slots = _generate(outer, plan, dialect, salted)
     return Rewritten(key_names, tuple(m.column for m in plan.measurements), salted,

@@ -21,7 +21,7 @@ import pytest
 from sqlglot import exp
 
 from dpproxy.backends import Backend, open_backend
-from dpproxy.bounds import BoundCheck, bound_check
+from dpproxy.bounds import LATE_FILTER_GROUPS, BoundCheck, bound_check
 from dpproxy.errors import InvalidPolicy
 from dpproxy.policy import Policy, load_policy
 from dpproxy.rewrite import rewrite
@@ -49,7 +49,7 @@ TABLES
 
 [analysts.bob]
 budget = { epsilon = 1e9, delta = 0.5 }
-tables = ["w", "h", "h0", "m"]
+tables = ["w", "h", "h0", "m", "k", "many"]
 """
 
 TABLE = """
@@ -93,8 +93,16 @@ def heavy_rows() -> list[tuple[Any, ...]]:
     return [(0, GROUPS[j % 5], "city0", 100, float(j)) for j in range(HEAVY_ROWS)]
 
 
+def keyed_rows(extra_keys: int) -> list[tuple[Any, ...]]:
+    """light_rows, and as many units again with keys outside the public list: NULL, 'zz'
+    and `extra_keys` keys of one unit each (each unit within the bounds)."""
+    outside = [None, "zz", *(f"g{i:05d}" for i in range(extra_keys))]
+    return light_rows() + [(1000 + i, outside[i % len(outside)], "city0", i % 101, 1.5)
+                           for i in range(max(200, len(outside)))]
+
+
 TABLES = {"w": within_rows(), "h": heavy_rows() + light_rows(), "h0": light_rows(),
-          "m": light_rows()}
+          "m": light_rows(), "k": keyed_rows(3), "many": keyed_rows(LATE_FILTER_GROUPS)}
 COLUMNS = "uid INTEGER NOT NULL, g TEXT, c TEXT, v INTEGER, x DOUBLE PRECISION"
 
 
@@ -199,6 +207,36 @@ def test_within_the_bounds_the_unbounded_statement_computes_the_same(
     assert set(unbounded) == set(bounded)
     for key, values in bounded.items():
         assert unbounded[key] == pytest.approx(values, rel=1e-12, abs=1e-9)
+
+
+@pytest.mark.parametrize(("table", "late"), [("k", True), ("many", False)])
+def test_public_keys_filter_the_groups_of_a_table_with_few(
+        policy: Policy, backend: Backend, table: str, late: bool) -> None:
+    """k holds NULL, 'zz' and 3 more keys outside the public list: the check counts its
+    groups (10 ≤ LATE_FILTER_GROUPS), so the backend filters the groups after aggregating
+    every row. many holds 1,026 keys outside the list: the check stops counting past the
+    limit and the rows are filtered first. Either way the groups and statistics are those
+    of the bounded statement, which filters rows before bounding."""
+    sql = f"SELECT g, COUNT(*), SUM(v), AVG(x), COUNT(DISTINCT uid) FROM {table} GROUP BY g"
+    plan = plan_for(policy, sql, analyst=ANALYST)
+    unbounded = rewrite(plan, backend.dialect).unbounded
+    assert unbounded is not None and unbounded.late_sql is not None
+    (observed,) = backend.run_aggregate(unbounded.check.sql)
+    groups = 5 + 2 + (3 if late else LATE_FILTER_GROUPS)  # public, NULL and 'zz', others
+    assert int(observed[2]) == min(groups, LATE_FILTER_GROUPS + 1)
+    chosen = unbounded.sql_for(observed)
+    assert chosen == (unbounded.late_sql if late else unbounded.sql)
+    assert unbounded.late_sql != unbounded.sql
+    bounded = exact_rows(backend, plan)
+    assert set(bounded) == {(g,) for g in GROUPS}  # no NULL, no 'zz', no other key
+    before = counts(backend)
+    for rows in (exact_rows(backend, plan, verify_bounds=True),
+                 {tuple(r[:1]): tuple(float(v) for v in r[1:1 + len(plan.measurements)])
+                  for r in backend.run_aggregate(unbounded.late_sql)}):
+        assert set(rows) == set(bounded)
+        for key, values in bounded.items():
+            assert rows[key] == pytest.approx(values, rel=1e-12, abs=1e-9)
+    assert counts(backend)[1] == before[1] + 1  # run unbounded
 
 
 def test_a_check_is_read_once_per_data(policy: Policy, backend: Backend) -> None:

@@ -182,8 +182,9 @@ class DuckDBBackend:
                       unbounded: Unbounded | None = None) -> list[tuple[object, ...]]:
         shareable = False
         if unbounded is not None:
-            if self._bounds_hold(unbounded.check):
-                sql, parameters = unbounded.sql, unbounded.parameters(parameters)
+            plain = unbounded.sql_for(self._observed(unbounded.check))
+            if plain is not None:
+                sql, parameters = plain, unbounded.parameters(parameters)
                 self.bounding.skipped += 1
                 # only the statement without bounding can be shared (and only it is worth
                 # parsing to see whether it can: a bounded one is large and never can)
@@ -201,7 +202,8 @@ class DuckDBBackend:
                 hint="the backend's message is withheld because it may quote private data",
             ) from None
 
-    def _bounds_hold(self, check: BoundCheck) -> bool:
+    def _observed(self, check: BoundCheck) -> tuple[object, ...] | None:
+        """What `check` read on this data (None: not verified), read once."""
         with self._lock:
             known = check.sql in self._checks
             observed = self._checks.get(check.sql)
@@ -213,7 +215,7 @@ class DuckDBBackend:
             with self._lock:
                 self._checks[check.sql] = observed
                 self.bounding.checks += 1
-        return check.holds(observed)
+        return observed
 
     def data_version(self) -> str:
         """The file's size and modification time when opened: the data cannot change while

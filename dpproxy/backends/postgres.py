@@ -177,8 +177,9 @@ class PostgresBackend:
         try:
             with self._pool.connection() as conn, conn.cursor() as cursor:
                 if unbounded is not None:
-                    if self._bounds_hold(conn, cursor, unbounded.check):
-                        sql, parameters = unbounded.sql, unbounded.parameters(parameters)
+                    plain = unbounded.sql_for(self._observed(conn, cursor, unbounded.check))
+                    if plain is not None:
+                        sql, parameters = plain, unbounded.parameters(parameters)
                         self.bounding.skipped += 1
                     else:
                         self.bounding.enforced += 1
@@ -195,19 +196,20 @@ class PostgresBackend:
                 hint="the backend's message is withheld because it may quote private data",
             ) from None
 
-    def _bounds_hold(self, conn: psycopg.Connection[Any], cursor: psycopg.Cursor[Any],
-                     check: BoundCheck) -> bool:
-        """Whether `check` holds in this transaction's snapshot: known for an equal
-        snapshot, else read now (in a savepoint, at most every `recheck_s` per check)."""
+    def _observed(self, conn: psycopg.Connection[Any], cursor: psycopg.Cursor[Any],
+                  check: BoundCheck) -> tuple[object, ...] | None:
+        """What `check` reads in this transaction's snapshot (None: not verified): known
+        for an equal snapshot, else read now (in a savepoint, at most every `recheck_s`
+        per check)."""
         row = cursor.execute(_SNAPSHOT_SQL).fetchone()
         snapshot = str(row[0]) if row else ""
         now = time.monotonic()
         with self._checks_lock:
             known = self._checks.get(check.sql)
         if known is not None and known[0] == snapshot:
-            return check.holds(known[1])
+            return known[1]
         if known is not None and now - known[2] < self.recheck_s:
-            return False
+            return None
         observed: tuple[object, ...] | None
         try:
             with conn.transaction():  # a failed check leaves the transaction usable
@@ -218,7 +220,7 @@ class PostgresBackend:
         with self._checks_lock:
             self._checks[check.sql] = (snapshot, observed, now)
             self.bounding.checks += 1
-        return check.holds(observed)
+        return observed
 
     def data_version(self) -> str:
         """Changes when a policy table may have changed: its row counters (inserts,

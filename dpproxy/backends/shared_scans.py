@@ -23,8 +23,10 @@ keeps, and each run's rows go back to its own caller, to be noised and released 
 
 Only one shape is shared: an aggregate over one subquery of row expressions whose WHERE
 holds every parameter, with no HAVING, ORDER BY, LIMIT, DISTINCT or window (the rewrite's
-statement without bounding; the backend offers no other). Anything else runs alone, as
-does every run when a shared statement fails.
+statement without bounding; the backend offers no other), or that aggregate with its
+groups filtered by a condition without parameters (`SELECT * FROM (… OFFSET 0) AS grouped
+WHERE k0 IN (…)`, `dpproxy.bounds`), which then filters the shared statement's groups.
+Anything else runs alone, as does every run when a shared statement fails.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class SharedTemplate:
     outer: exp.Select = field(repr=False)
     inner: exp.Select = field(repr=False)
     condition: exp.Expression = field(repr=False)
+    groups_filter: exp.Expression | None = field(default=None, repr=False)
     _texts: dict[int, str] = field(default_factory=dict, repr=False, compare=False)
 
     def sql(self, runs: int) -> str:
@@ -82,6 +85,10 @@ class SharedTemplate:
                                         expression=exp.Where(this=flag.copy())))
         outer.set("expressions", items)
         outer.set("from_", exp.From(this=inner.subquery("shared", copy=False)))
+        if self.groups_filter is not None:  # the same for every run: it tests keys only
+            return exp.select(exp.Star(), copy=False).from_(
+                outer.offset(0, copy=False).subquery("grouped", copy=False),
+                copy=False).where(self.groups_filter.copy(), copy=False)
         return outer
 
     def split(self, rows: Rows, runs: int) -> list[Rows]:
@@ -121,6 +128,10 @@ def shared_template(sql: str) -> SharedTemplate | None:
         outer = sqlglot.parse_one(sql, read="duckdb")
     except sqlglot.errors.SqlglotError:
         return None
+    groups_filter = _groups_filter(outer)
+    if groups_filter is not None:
+        outer = outer.args["from_"].this.this.copy()
+        outer.set("offset", None)
     if not isinstance(outer, exp.Select) or any(
             outer.args.get(a) for a in ("where", "having", "order", "limit", "offset",
                                          "distinct", "joins", "with_", "qualify", "windows")):
@@ -162,7 +173,27 @@ def shared_template(sql: str) -> SharedTemplate | None:
     inner = inner.copy()
     inner.set("where", exp.Where(this=exp.and_(*shared)) if shared else None)
     condition = exp.and_(*(c.copy() for c in per_run))
-    return SharedTemplate(len(keys), len(numbers), outer, inner, condition)
+    return SharedTemplate(len(keys), len(numbers), outer, inner, condition, groups_filter)
+
+
+def _groups_filter(statement: exp.Expression) -> exp.Expression | None:
+    """The condition of `SELECT * FROM (<aggregate> OFFSET 0) AS grouped WHERE condition`
+    without parameters, or None for any other statement."""
+    if not isinstance(statement, exp.Select) or len(statement.expressions) != 1 \
+            or not isinstance(statement.expressions[0], exp.Star) or any(
+            statement.args.get(a) for a in ("group", "having", "order", "limit", "offset",
+                                             "distinct", "joins", "with_", "qualify",
+                                             "windows")):
+        return None
+    source, where = statement.args.get("from_"), statement.args.get("where")
+    grouped = source.this if isinstance(source, exp.From) else None
+    if where is None or where.find(exp.Placeholder) or not isinstance(grouped, exp.Subquery) \
+            or not isinstance(grouped.this, exp.Select):
+        return None
+    offset = grouped.this.args.get("offset")
+    if offset is None or offset.expression != exp.Literal.number(0):
+        return None
+    return where.this
 
 
 def _number(placeholder: exp.Placeholder) -> int:

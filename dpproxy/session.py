@@ -480,6 +480,8 @@ class Session:
                 for form in (rewritten, rewritten.unbounded):
                     if form is not None:
                         form.sql  # noqa: B018 (generated on first use)
+                if rewritten.unbounded is not None:
+                    rewritten.unbounded.late_sql  # noqa: B018
             except ValueError:
                 pass
             else:

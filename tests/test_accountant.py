@@ -34,6 +34,7 @@ from dpproxy.errors import (
     UndefinedObject,
 )
 from dpproxy.mechanisms import zcdp_epsilon
+from tests.threads import run_in_threads
 
 REPO = str(Path(__file__).resolve().parents[1])
 ALICE, ADULT = "analyst:alice", "table:adult"
@@ -793,25 +794,16 @@ def test_answers_stored_among_concurrent_charges_are_all_kept(ledger_at: LedgerA
     commits with other threads' charges, and every one is there afterwards."""
     with ledger_at("a.db", {ALICE: Cost(100.0)}) as ledger:
         barrier = threading.Barrier(16, timeout=30)
-        errors: list[BaseException] = []
 
         def worker(n: int) -> None:
-            try:
-                barrier.wait()
-                for i in range(10):
-                    key = f"k{n}-{i}"
-                    charge = ledger.charge([ALICE], Cost(0.5), analyst="alice",
-                                           statement="q", claim=key)
-                    ledger.store_answer("alice", key, charge.charge_id, f"[{n}, {i}]")
-            except BaseException as exc:  # reported below
-                errors.append(exc)
+            barrier.wait()
+            for i in range(10):
+                key = f"k{n}-{i}"
+                charge = ledger.charge([ALICE], Cost(0.5), analyst="alice",
+                                       statement="q", claim=key)
+                ledger.store_answer("alice", key, charge.charge_id, f"[{n}, {i}]")
 
-        threads = [threading.Thread(target=worker, args=(n,)) for n in range(16)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
-        assert not errors and not any(t.is_alive() for t in threads)
+        run_in_threads(worker, 16)
         for n in range(16):
             for i in range(10):
                 found = ledger.lookup_answer("alice", f"k{n}-{i}")

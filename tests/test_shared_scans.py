@@ -18,6 +18,7 @@ from dpproxy.backends.shared_scans import SharedScans, shared_template
 from dpproxy.parse import parse_statements
 from dpproxy.plan import QueryPlan
 from dpproxy.session import Engine
+from tests.threads import run_in_threads
 
 Rows = list[tuple[object, ...]]
 
@@ -277,24 +278,15 @@ def test_sessions_running_at_once_share_scans_and_all_answer(engine: Engine) -> 
     backend = engine.backend
     assert isinstance(backend, DuckDBBackend)
     sql = SHAREABLE[1][0]
-    errors: list[BaseException] = []
     rows: list[int] = []
 
     def client(i: int) -> None:
         session = engine.session("alice", epsilon=0.001)
-        try:
-            for j in range(6):
-                result = session.execute(sql, [1000 * i + j])
-                rows.append(len(result.rows))
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+        for j in range(6):
+            result = session.execute(sql, [1000 * i + j])
+            rows.append(len(result.rows))
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not errors
+    run_in_threads(client, 12)
     assert rows == [14] * 72
     assert backend.shared.counts.runs == 72
 

@@ -8,11 +8,12 @@ never a raw row. Three transformations make it safe to run:
   fails never depends on private values;
 * clamping: each summed value is clamped to its bounds after the row
   expression is evaluated (NULL stays NULL), then centred;
-* contribution bounding: each privacy unit keeps at most `max_rows` rows per group
-  (randomly chosen where it matters: for a SUM) and at most `max_groups` groups,
-  chosen by a hash salted afresh for every query — by hash aggregation per (unit,
-  group) pair rather than a window sort over all rows (`_bounded_pairs`); plans
-  with a quantile, and joins that number rows, rank rows with windows (`_ranked_rows`);
+* contribution bounding: each privacy unit keeps at most `max_groups` groups, chosen
+  by a hash salted afresh for every query, and adds at most `max_rows` rows' worth to
+  each — by hash aggregation per (unit, group) pair rather than a window sort over all
+  rows (`_bounded_pairs`: a SUM over more than `max_rows` values adds `max_rows` × their
+  mean, `_bounded_sum`); plans with a quantile, and joins that number rows, keep
+  `max_rows` rows drawn at random, ranking rows with windows (`_ranked_rows`);
 * joins with public tables (`joined_source`) happen first, in the innermost
   subquery, so bounding counts every match of a row as a row of its unit.
 
@@ -59,9 +60,7 @@ RANDOM = "__random"
 ROW_ID = "__row_id"
 SELECTION = "units_for_selection"
 BIN_ROWS = "__bin_rows"
-COUNT = "__count"
 GROUP_ORDER = "__group_order"
-PAIRS_CTE = "__pairs"
 _DOUBLE = exp.DataType.build("DOUBLE")
 _BIGINT = exp.DataType.build("BIGINT")
 _UBIGINT = exp.DataType.build("UBIGINT", dialect="duckdb")
@@ -351,8 +350,8 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
 
     It depends only on the analysis and the policy's contribution bounds, so a caller
     may reuse it for the same normalized query; randomness enters through the salt
-    parameter and the backend's RANDOM(). A plan bounded by per-pair aggregation also
-    gets its `unbounded` form (see `dpproxy.bounds`).
+    parameter and, where rows are ranked, the backend's RANDOM(). A plan bounded by
+    per-pair aggregation also gets its `unbounded` form (see `dpproxy.bounds`).
     """
     analysis = plan.analysis
     if plan.contribution.privacy_unit is None or analysis.joins or \
@@ -479,7 +478,7 @@ def _statement(plan: QueryPlan, dialect: str, bounded: bool, late: bool = False
     assert bounded or not rank_rows, "only plans bounded by pairs have an unbounded form"
     if unit is not None:
         inner_items.append(exp.alias_(unit, UNIT))
-        if rank_rows or (bounded and _samples_rows(plan, dialect)):
+        if rank_rows:
             # drawn here: a window's ORDER BY may not be volatile (DuckDB)
             inner_items.append(exp.alias_(exp.Rand(), RANDOM))
     if not inner_items:  # COUNT(*) alone, without a privacy unit, needs no column
@@ -551,95 +550,26 @@ def _statement(plan: QueryPlan, dialect: str, bounded: bool, late: bool = False
 
 
 
-def _samples_rows(plan: QueryPlan, dialect: str) -> bool:
-    """Whether bounding must pick rows at random: a SUM needs the kept rows' values (and
-    on PostgreSQL, which samples the rows before aggregating, so does a COUNT of an
-    argument)."""
-    kinds = {m.statistic.kind for m in plan.measurements}
-    if dialect == "duckdb":
-        return "sum" in kinds
-    return "sum" in kinds or any(m.statistic.kind == "count" and m.statistic.argument
-                                 is not None for m in plan.measurements)
-
-
 def _bounded_pairs(plan: QueryPlan, dialect: str, source: exp.Expression,
                    key_refs: Sequence[exp.Expression], value_names: Sequence[str | None]
                    ) -> exp.Expression:
     """The filtered rows reduced to one row per kept (unit, group) pair, each column
-    already bounded: at most `max_rows` rows of the pair count, and (with GROUP BY) a
-    `__group_rank` column the caller keeps ≤ `max_groups` of.
+    already bounded, and (with GROUP BY) a `__group_rank` column the caller keeps
+    ≤ `max_groups` of.
 
-    One hash aggregation per (unit, group) instead of a window sort over all rows:
-    COUNT(*) keeps LEAST(COUNT(*), max_rows) — which rows are kept does not matter for a
-    count; COUNT(v) keeps LEAST(COUNT(v), max_rows); a SUM adds the values of at most
-    `max_rows` rows drawn at random, here by a ROW_NUMBER window over the rows (DuckDB:
-    MIN_BY over the rows of the pairs over the bound, `_bounded_pairs_duckdb`). Only the
-    pairs (far fewer than rows) are then ranked per unit by a hash salted afresh for each
-    query.
+    One hash aggregation per (unit, group) pair, never a sort of the rows: COUNT(*) keeps
+    LEAST(COUNT(*), max_rows), COUNT(v) LEAST(COUNT(v), max_rows), a SUM `_bounded_sum`.
+    The pairs (far fewer than rows) are then ranked per unit by a hash salted afresh for
+    each query. On DuckDB, with max_groups = 1 and public values for every key, each
+    unit's group is chosen before anything is aggregated per group: the least salted hash
+    of (unit, group code) per unit (`_group_codes`; the code in the low bits makes it
+    exact), then a join keeps the rows of that group, aggregated per unit alone (a cheap
+    integer grouping) instead of per (unit, group) pair and a window over the pairs.
     """
-    if dialect == "duckdb":
-        return _bounded_pairs_duckdb(plan, source, key_refs, value_names)
-    bound = plan.contribution
-    limit = exp.Literal.number(bound.max_rows)
-    unit_ref = exp.column(UNIT)
-    sample = _samples_rows(plan, dialect)
-    if sample:
-        ranked = exp.select(exp.Star(), exp.alias_(exp.Window(
-            this=exp.RowNumber(),
-            partition_by=[unit_ref.copy(), *(k.copy() for k in key_refs)],
-            order=exp.Order(expressions=[exp.Ordered(this=exp.column(RANDOM))])), ROW_RANK),
-            copy=False).from_(source, copy=False)
-        source = exp.select(exp.Star(), copy=False).from_(
-            ranked.subquery("ranked_rows", copy=False), copy=False).where(
-            exp.LTE(this=exp.column(ROW_RANK), expression=limit.copy()), copy=False) \
-            .subquery("kept_rows", copy=False)
-    rows = _at_most(exp.Count(this=exp.Star()), bound.max_rows)
-    items: list[exp.Expression] = [exp.alias_(unit_ref.copy(), UNIT),
-                                   *(exp.alias_(k.copy(), k.name) for k in key_refs),
-                                   exp.alias_(rows, ROWS)]
-    for measurement, name in zip(plan.measurements, value_names, strict=True):
-        if name is None or any(name == i.alias for i in items):
-            continue
-        value = exp.column(name)
-        kept = exp.Sum(this=value) if measurement.statistic.kind == "sum" \
-            else _at_most(exp.Count(this=value), bound.max_rows)  # rows sampled above
-        items.append(exp.alias_(kept, name))
-    pairs = exp.select(*items, copy=False).from_(source, copy=False).group_by(
-        unit_ref.copy(), *(k.copy() for k in key_refs), copy=False)
-    if not key_refs:
-        return pairs.subquery("pairs", copy=False)
-    return _ranked_pairs(dialect, pairs.subquery("pairs", copy=False), key_refs)
-
-
-def _bounded_pairs_duckdb(plan: QueryPlan, source: exp.Expression,
-                          key_refs: Sequence[exp.Expression], value_names: Sequence[str | None]
-                          ) -> exp.Expression:
-    """`_bounded_pairs` on DuckDB, with fixed-size aggregate states for all but the pairs
-    over the row bound (a list state per pair, as MIN_BY(v, random, n) keeps, costs
-    several times a plain aggregation):
-
-    * with max_groups = 1 and public values for every key, each unit's group is chosen
-      before anything is aggregated per group: the least salted hash of (unit, group code)
-      per unit (`_group_codes`; the code in the low bits makes it exact), then a join keeps
-      the rows of that group, aggregated per unit alone (a cheap integer grouping) instead
-      of per (unit, group) pair and a window over the pairs;
-    * a SUM adds all the values of a pair with at most `max_rows` rows; only the pairs with
-      more draw `max_rows` rows at random, by MIN_BY(v, random, max_rows) over their rows
-      alone, found again by a join with those pairs.
-    """
-    bound = plan.contribution
-    limit = bound.max_rows
-    keys = plan.analysis.keys
-    codes = _group_codes(plan, key_refs) if key_refs and bound.max_groups == 1 else None
-    rows = source
-    if codes is not None:
-        rows = _rows_of_chosen_group(source, codes)
-    sums = [n for m, n in zip(plan.measurements, value_names, strict=True)
-            if n is not None and m.statistic.kind == "sum"]
-    counts = [n for m, n in zip(plan.measurements, value_names, strict=True)
-              if n is not None and m.statistic.kind != "sum" and n not in sums]
-    sums = list(dict.fromkeys(sums))
-    counts = list(dict.fromkeys(counts))
+    limit = plan.contribution.max_rows
+    codes = _group_codes(plan, key_refs) if dialect == "duckdb" and key_refs \
+        and plan.contribution.max_groups == 1 else None
+    rows = source if codes is None else _rows_of_chosen_group(source, codes)
     unit = exp.column(UNIT)
     items: list[exp.Expression] = [exp.alias_(unit.copy(), UNIT)]
     if codes is None:
@@ -651,12 +581,15 @@ def _bounded_pairs_duckdb(plan: QueryPlan, source: exp.Expression,
         # as ANY_VALUE(key), would cost more than the grouping)
         group_keys = [unit]
         items.append(exp.alias_(exp.Min(this=exp.column(GROUP_ORDER)), GROUP_ORDER))
-    star = exp.Count(this=exp.Star())
-    # with sums, the uncapped count tells the pairs that need rows drawn at random
-    items.append(exp.alias_(star, COUNT) if sums else
-                 exp.alias_(_at_most(star, limit), ROWS))
-    items += [exp.alias_(exp.Sum(this=exp.column(n)), n) for n in sums]
-    items += [exp.alias_(_at_most(exp.Count(this=exp.column(n)), limit), n) for n in counts]
+    items.append(exp.alias_(_at_most(exp.Count(this=exp.Star()), limit), ROWS))
+    for measurement, name in zip(plan.measurements, value_names, strict=True):
+        if name is None or any(name == i.alias for i in items):
+            continue
+        statistic = measurement.statistic
+        value = exp.column(name)
+        kept = _bounded_sum(value, limit, statistic.integer_valued) \
+            if statistic.kind == "sum" else _at_most(exp.Count(this=value), limit)
+        items.append(exp.alias_(kept, name))
     pairs: exp.Expression = exp.select(*items, copy=False).from_(rows, copy=False).group_by(
         *(k.copy() for k in group_keys), copy=False)
     if codes is not None:
@@ -665,16 +598,37 @@ def _bounded_pairs_duckdb(plan: QueryPlan, source: exp.Expression,
         rest = [exp.column(i.alias) for i in items[2:]]
         pairs = exp.select(exp.column(UNIT), *decoded, *rest, copy=False).from_(
             pairs.subquery("per_unit", copy=False), copy=False)
-    if sums:
-        pairs = _sampled_sums(pairs, source, key_refs, sums, counts, limit)
-    pairs = pairs.subquery("pairs", copy=False)
-    if not keys:
-        return pairs
-    if codes is not None:
         # one group per unit already: every pair ranks first
         return exp.select(exp.Star(), exp.alias_(exp.Literal.number(1), GROUP_RANK),
-                          copy=False).from_(pairs, copy=False).subquery("ranked", copy=False)
-    return _ranked_pairs("duckdb", pairs, key_refs)
+                          copy=False).from_(pairs.subquery("pairs", copy=False), copy=False) \
+            .subquery("ranked", copy=False)
+    pairs = pairs.subquery("pairs", copy=False)
+    if not key_refs:
+        return pairs
+    return _ranked_pairs(dialect, pairs, key_refs)
+
+
+def _bounded_sum(value: exp.Expression, limit: int, integer_valued: bool) -> exp.Expression:
+    """A pair's bounded SUM(v): the plain SUM where the pair has at most `limit` values,
+    else `limit` × their mean.
+
+    That is the expected sum of `limit` of its values drawn at random, without the draw:
+    the same bound (each clamped value lies within the clamp's bounds, so does their
+    mean, so `limit` × the mean lies within `limit` × those bounds), no sampling variance
+    on top of the noise, and no sort or list state per pair to draw rows with. A whole-
+    number statistic rounds it: its noise is calibrated for whole numbers, and a
+    fractional part would pass through integer noise unchanged.
+    """
+    values = exp.Count(this=value.copy())
+    # typed: a plain `/`, as the sum is DOUBLE or NUMERIC already (sqlglot would otherwise
+    # cast a PostgreSQL NUMERIC sum to DOUBLE PRECISION, rounding it)
+    scaled: exp.Expression = exp.Div(
+        this=exp.Mul(this=exp.Sum(this=value.copy()), expression=exp.Literal.number(limit)),
+        expression=values.copy(), typed=True)
+    if integer_valued:
+        scaled = exp.func("ROUND", scaled)
+    return exp.Case(ifs=[exp.If(this=exp.LTE(this=values, expression=exp.Literal.number(limit)),
+                                true=exp.Sum(this=value.copy()))], default=scaled)
 
 
 def _group_codes(plan: QueryPlan, key_refs: Sequence[exp.Expression]
@@ -758,51 +712,6 @@ def _rows_of_chosen_group(source: exp.Expression, codes: tuple[exp.Expression, i
                       copy=False).from_(
         ordered("rows"), copy=False).join(choice, on=on, copy=False) \
         .subquery("chosen", copy=False)
-
-
-def _sampled_sums(pairs: exp.Select, source: exp.Expression,
-                  key_refs: Sequence[exp.Expression], sums: Sequence[str],
-                  counts: Sequence[str], limit: int) -> exp.Expression:
-    """The pairs with their sums bounded: a pair of at most `limit` rows keeps its SUM;
-    a pair with more adds `limit` of its rows drawn at random (the `limit` least RANDOM)."""
-    names = [k.name for k in key_refs]
-    cte = exp.to_identifier(PAIRS_CTE)
-    within = exp.select(
-        exp.column(UNIT), *(exp.column(n) for n in names),
-        exp.alias_(_at_most(exp.column(COUNT), limit), ROWS),
-        *(exp.column(n) for n in [*sums, *counts]), copy=False).from_(
-        exp.Table(this=cte.copy()), copy=False).where(
-        exp.LTE(this=exp.column(COUNT), expression=exp.Literal.number(limit)), copy=False)
-    over = exp.select(exp.Star(), copy=False).from_(exp.Table(this=cte.copy()), copy=False) \
-        .where(exp.GT(this=exp.column(COUNT), expression=exp.Literal.number(limit)),
-               copy=False).subquery("p", copy=False)
-    # the rows of those pairs (a NULL key is a group of its own, as in GROUP BY)
-    on = exp.and_(
-        exp.EQ(this=exp.column(UNIT, table="f"), expression=exp.column(UNIT, table="p")),
-        *(exp.NullSafeEQ(this=exp.column(n, table="f"), expression=exp.column(n, table="p"))
-          for n in names), copy=False)
-    # the values of `limit` rows drawn at random: a list state per pair, but only for the
-    # pairs over the limit (a ROW_NUMBER window over their rows costs more where most are)
-    drawn = [exp.alias_(exp.Anonymous(this="LIST_SUM", expressions=[exp.ArgMin(
-        this=exp.column(n, table="f"), expression=exp.column(RANDOM, table="f"),
-        count=exp.Literal.number(limit))]), n) for n in sums]
-    pair_columns = [exp.column(c, table="p") for c in [UNIT, *names, *counts]]
-    sampled = exp.select(
-        *(exp.alias_(c, c.name) for c in pair_columns[:1 + len(names)]),
-        exp.alias_(exp.Literal.number(limit), ROWS), *drawn,
-        *(exp.alias_(c, c.name) for c in pair_columns[1 + len(names):]), copy=False) \
-        .from_(_aliased(source, "f"), copy=False).join(over, on=on, copy=False).group_by(
-        *(c.copy() for c in pair_columns), copy=False)
-    union = exp.union(within, sampled, distinct=False, copy=False)
-    # materialized: both branches read the pairs, aggregated once
-    return union.with_(PAIRS_CTE, as_=pairs, materialized=True, copy=False)
-
-
-def _aliased(source: exp.Expression, alias: str) -> exp.Expression:
-    """A copy of the filtered-rows subquery under another alias."""
-    copy = source.copy()
-    copy.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
-    return copy
 
 
 def _at_most(count: exp.Expression, limit: int) -> exp.Expression:

@@ -1,12 +1,12 @@
 """Contribution bounding by per-(unit, group) aggregation, on real DuckDB and PostgreSQL.
 
 `rewrite._bounded_pairs` replaces the window sort over all rows by one hash aggregation
-per (unit, group) pair: LEAST(COUNT(*), max_rows) for counts; for sums, on DuckDB a plain
-SUM for pairs of at most max_rows rows and a MIN_BY(v, random, n) draw only over the rows
-of larger pairs, on PostgreSQL a ROW_NUMBER over the rows; and a salted-hash choice of each unit's
-groups (tests/test_bounding_duckdb.py covers DuckDB's per-unit path for max_groups = 1).
-These tests read the exact,
-pre-noise statistics through `rewrite()` + `backend.run_aggregate()` and check:
+per (unit, group) pair: LEAST(COUNT(*), max_rows) and LEAST(COUNT(v), max_rows) for counts;
+for a sum, the plain SUM where the pair has at most max_rows values, else max_rows × their
+mean (rounded for whole-number statistics); and a salted-hash choice of each unit's groups
+(tests/test_bounding_duckdb.py covers DuckDB's per-unit path for max_groups = 1). These
+tests read the exact, pre-noise statistics through `rewrite()` + `backend.run_aggregate()`
+and check:
 
 * on hand-built data where every unit exceeds the bounds, the bounded statistics equal
   their closed-form values exactly;
@@ -51,7 +51,7 @@ TABLES
 
 [analysts.bob]
 budget = { epsilon = 1e9, delta = 0.5 }
-tables = ["e", "h", "h0"]
+tables = ["e", "f", "h", "h0"]
 """
 
 TABLE = """
@@ -92,7 +92,15 @@ def heavy_rows() -> list[tuple[Any, ...]]:
             for j in range(HEAVY_ROWS)]
 
 
-TABLES = {"e": even_rows(), "h": heavy_rows() + light_rows(), "h0": light_rows()}
+def fraction_rows() -> list[tuple[Any, ...]]:
+    """Units 1..10: 3 rows in group a, v = 1, 1, 2 and x = 0.5, 0.5, 1.0, and a fourth
+    row with v and x NULL: the kept sums are 2 × a mean of 4/3 and 2/3."""
+    return [(u, "a", v, x) for u in range(1, 11)
+            for v, x in ((1, 0.5), (1, 0.5), (2, 1.0), (None, None))]
+
+
+TABLES = {"e": even_rows(), "h": heavy_rows() + light_rows(), "h0": light_rows(),
+          "f": fraction_rows()}
 
 
 COLUMNS = "uid INTEGER NOT NULL, g TEXT, v INTEGER, x DOUBLE PRECISION"
@@ -139,14 +147,24 @@ def test_every_unit_over_the_row_bound_keeps_exactly_max_rows(policy: Policy,
         assert exact_rows(backend, plan) == {(): (300.0, 300.0, 3000.0, 150.0)}
 
 
-def test_sum_keeps_random_rows(policy: Policy, backend: Backend) -> None:
-    """SUM(x) with x = 0..4 per unit keeps 2 of the 5 values of each of 150 units: between
-    150·(0+1) and 150·(3+4), and not the same every time (a repeat of one value across
-    5 runs has probability far below 1e-9 with 150 independent draws)."""
+def test_sum_over_the_row_bound_is_max_rows_times_the_mean(policy: Policy,
+                                                           backend: Backend) -> None:
+    """SUM(x) with x = 0..4 per unit keeps 2 × their mean 2 for each of 150 units: 600,
+    every time (no rows are drawn)."""
     plan = plan_for(policy, "SELECT SUM(x) FROM e", analyst=ANALYST)
-    sums = [exact_rows(backend, plan)[()][0] for _ in range(5)]
-    assert all(150 * 1 <= s <= 150 * 7 for s in sums)
-    assert len(set(sums)) > 1
+    assert [exact_rows(backend, plan)[()][0] for _ in range(3)] == [600.0] * 3
+
+
+def test_scaled_sum_counts_values_and_rounds_whole_numbers(policy: Policy,
+                                                          backend: Backend) -> None:
+    """10 units of 3 values and a NULL: the mean is over the values (the NULL row is not
+    a value), and the whole-number SUM(v) rounds each unit's 2 × 4/3 to 3 (30, not 26.7)
+    while SUM(x) keeps 2 × 2/3 (13.3). COUNT(*) keeps 2 of 4 rows, COUNT(v) 2 of 3."""
+    plan = plan_for(policy, "SELECT SUM(v), SUM(x), COUNT(*), COUNT(v) FROM f",
+                    analyst=ANALYST)
+    (v, x, rows, values), = exact_rows(backend, plan).values()
+    assert (v, rows, values) == (30.0, 20.0, 20.0)
+    assert x == pytest.approx(10 * 2 * 2 / 3, rel=1e-12)
 
 
 def test_every_unit_over_the_group_bound_keeps_exactly_max_groups(policy: Policy,

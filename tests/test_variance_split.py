@@ -117,8 +117,8 @@ ACCEPTED = [
     # a constant argument: h = 0, so the variance is exactly 0 after post-processing
     Accepted("var_pop_constant", "SELECT VAR_POP(age * 0 + 5) FROM adult", ("var_pop",), 1,
              "SELECT 0.0", tol=0.0),
-    # visits: user-level bounding keeps ≤ 10 rows per person, chosen at random, so the
-    # exact value is not a fixed number; the shape and the charge are checked
+    # visits: user-level bounding keeps ≤ 10 rows' worth per person, which plain SQL
+    # does not compute; the shape and the charge are checked
     Accepted("visits_var_pop", "SELECT VAR_POP(amount) FROM visits", ("var_pop",), 1,
              table="visits"),
     Accepted("visits_stddev_where",

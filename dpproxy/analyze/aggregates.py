@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Literal
 
@@ -123,14 +123,27 @@ def _count_statistics(arg: exp.Expression | None, t: ExprType | None) -> list[St
     return [_count_of(arg, t)]
 
 
+def _whole_bounds(t: ExprType) -> ExprType:
+    """An integer-valued type's bounds widened to whole numbers. The rewrite rounds each
+    clamped value of an integer-valued sum (its noise is calibrated for whole numbers):
+    a value clamped to 10.5 would round to 11, above the bound its sensitivity is
+    computed from, unless the bound itself is whole."""
+    if not t.integer or not (math.isfinite(t.lower) and math.isfinite(t.upper)) or (
+            float(t.lower).is_integer() and float(t.upper).is_integer()):
+        return t
+    return replace(t, lower=float(math.floor(t.lower)), upper=float(math.ceil(t.upper)))
+
+
 def _sum_statistics(arg: exp.Expression | None, t: ExprType | None) -> list[Statistic]:
     assert arg is not None and t is not None
+    t = _whole_bounds(t)
     return [Statistic("sum", arg, t.lower, t.upper, 0.0, t.integer)]
 
 
 def _avg_statistics(arg: exp.Expression | None, t: ExprType | None) -> list[Statistic]:
     # Centring the values halves the sum's sensitivity: |x - mid| <= (upper - lower) / 2.
     assert arg is not None and t is not None
+    t = _whole_bounds(t)
     center = (t.lower + t.upper) / 2
     centred_integer = t.integer and float(center).is_integer()
     return [Statistic("sum", arg, t.lower, t.upper, center, centred_integer),
@@ -212,6 +225,7 @@ def _variance_statistics(arg: exp.Expression | None, t: ExprType | None) -> list
     row) and noise of sums apply unchanged.
     """
     assert arg is not None and t is not None
+    t = _whole_bounds(t)
     center = (t.lower + t.upper) / 2
     half = (t.upper - t.lower) / 2
     integer = t.integer and float(center).is_integer()

@@ -148,6 +148,11 @@ class AnalystPolicy:
     password_scram: str | None = None
 
 
+DEFAULT_WORK_MEM = "32MB"
+# What PostgreSQL's work_mem accepts, written as dpproxy passes it on (no quoting needed).
+_MEMORY = re.compile(r"[1-9][0-9]{0,9}(kB|MB|GB)")
+
+
 @dataclass(frozen=True)
 class BackendConfig:
     kind: Literal["duckdb", "postgres"]
@@ -158,6 +163,10 @@ class BackendConfig:
     # a .pgpass-style file (libpq's PGPASSWORD / ~/.pgpass also apply when neither is set)
     password_env: str | None = None
     passfile: Path | None = None
+    # PostgreSQL's work_mem for dpproxy's sessions (None: the server's or role's setting).
+    # Bounding aggregates per privacy unit; at the server default of 4MB a hash table of a
+    # few 100k units spills to disk (bounded COUNT(*) over 333k units: 404 against 297 ms).
+    work_mem: str | None = DEFAULT_WORK_MEM
 
 
 @dataclass(frozen=True)
@@ -589,8 +598,8 @@ def parse_policy(raw: Mapping[str, Any], file: Path) -> Policy:
                                    "ledger", "audit", "server"})
     database = top.get("database", str, file.stem)
 
-    be = top.sub("backend", {"kind", "path", "dsn", "demo_seed", "password_env", "passfile"},
-                 required=True)
+    be = top.sub("backend", {"kind", "path", "dsn", "demo_seed", "password_env", "passfile",
+                             "work_mem"}, required=True)
     assert be is not None
     kind = be.choice("kind", BACKENDS, "duckdb")
     bpath = be.get("path", str)
@@ -603,9 +612,14 @@ def parse_policy(raw: Mapping[str, Any], file: Path) -> Policy:
         be.fail("dsn", "must not contain a password: set password_env = \"VARIABLE\" or "
                 "passfile = \"file\" (.pgpass format)")
     passfile = be.get("passfile", str)
+    work_mem = be.get("work_mem", str, DEFAULT_WORK_MEM)
+    if work_mem and not _MEMORY.fullmatch(work_mem):
+        be.fail("work_mem", f"expected PostgreSQL memory such as \"32MB\" (kB, MB or GB), "
+                f"or \"\" for the server's setting, got {work_mem!r}")
     backend = BackendConfig(kind, (base / bpath).resolve() if bpath else None, dsn,  # type: ignore[arg-type]
                             be.get("demo_seed", int), be.get("password_env", str),
-                            (base / passfile).resolve() if passfile else None)
+                            (base / passfile).resolve() if passfile else None,
+                            work_mem or None)
 
     pr = top.sub("privacy", {"default_epsilon", "default_delta", "mechanism", "accounting",
                              "confidence", "min_units_per_group", "budget_window",

@@ -488,6 +488,26 @@ def test_backend_errors_do_not_quote_data(scratch: str) -> None:
         backend.close()
 
 
+@pytest.mark.parametrize(("policy_line", "expected"), [
+    ("", "32MB"), ('work_mem = "64MB"', "64MB"), ('work_mem = ""', None)])
+def test_sessions_take_work_mem_from_the_policy(scratch: str, tmp_path: Path,
+                                                 policy_line: str, expected: str | None
+                                                 ) -> None:
+    """dpproxy's sessions run with the policy's work_mem (32MB unless it says otherwise),
+    or, with work_mem = "", whatever the server gives a new session."""
+    with psycopg.connect(scratch) as con:
+        server = con.execute("SHOW work_mem").fetchone()
+    policy = tmp_path / "p.toml"
+    policy.write_text(f'[backend]\nkind = "postgres"\ndsn = "{scratch}"\n{policy_line}\n'
+                      '[tables.secret]\n[tables.secret.columns]\nn = { type = "int" }\n'
+                      '[analysts.a]\nbudget = { epsilon = 1.0 }\ntables = ["secret"]\n')
+    backend = PostgresBackend.open(load_policy(policy))
+    try:
+        assert backend.run_aggregate("SHOW work_mem") == [(expected or server[0],)]
+    finally:
+        backend.close()
+
+
 def test_statement_timeout_is_enforced_by_the_server(scratch: str) -> None:
     backend = PostgresBackend(scratch, ["secret"], statement_timeout_s=0.2)
     try:

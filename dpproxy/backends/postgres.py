@@ -94,18 +94,21 @@ class _InfinityTimestamptzLoader(TimestamptzLoader):
             return edge.replace(tzinfo=dt.UTC)
 
 
-def connection_options(dsn: str, statement_timeout_s: float) -> str:
+def connection_options(dsn: str, statement_timeout_s: float, work_mem: str | None = None
+                       ) -> str:
     """libpq `options` for dpproxy's sessions, after any the DSN already sets
-    (a search_path, say).
+    (a search_path, say); `work_mem` None keeps the server's (or the role's) setting.
 
-    >>> connection_options("postgresql://h/db?options=-csearch_path%3Dx", 2.5)
+    >>> connection_options("postgresql://h/db?options=-csearch_path%3Dx", 2.5, "32MB")
     '-csearch_path=x -c default_transaction_read_only=on -c statement_timeout=2500 \
--c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=postgres'
+-c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=postgres -c work_mem=32MB'
     """
     given = psycopg.conninfo.conninfo_to_dict(dsn).get("options") or ""
     ours = ["-c default_transaction_read_only=on",
             f"-c statement_timeout={round(statement_timeout_s * 1000)}",
             "-c TimeZone=UTC", "-c DateStyle=ISO,YMD", "-c IntervalStyle=postgres"]
+    if work_mem is not None:
+        ours.append(f"-c work_mem={work_mem}")
     return " ".join([str(given), *ours]).strip()
 
 
@@ -121,9 +124,9 @@ class PostgresBackend:
 
     def __init__(self, dsn: str, tables: Sequence[str], *, statement_timeout_s: float = 0.0,
                  password: str | None = None, passfile: str | None = None,
-                 max_size: int = POOL_MAX_SIZE) -> None:
+                 max_size: int = POOL_MAX_SIZE, work_mem: str | None = None) -> None:
         try:
-            options = connection_options(dsn, statement_timeout_s)
+            options = connection_options(dsn, statement_timeout_s, work_mem)
         except psycopg.ProgrammingError:
             raise InvalidPolicy("backend.dsn is not a valid PostgreSQL connection string",
                                 hint="write dsn = \"postgresql://user@host:5432/dbname\"") \
@@ -159,7 +162,8 @@ class PostgresBackend:
         password = env_password(config.password_env, "backend.password_env")
         passfile = str(config.passfile) if config.passfile is not None else None
         return cls(config.dsn, list(policy.tables), password=password, passfile=passfile,
-                   statement_timeout_s=policy.server.statement_timeout_s)
+                   statement_timeout_s=policy.server.statement_timeout_s,
+                   work_mem=config.work_mem)
 
     @staticmethod
     def _configure(conn: psycopg.Connection[Any]) -> None:

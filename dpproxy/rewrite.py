@@ -272,11 +272,13 @@ def _group_hash(dialect: str, parts: Sequence[exp.Expression]) -> exp.Expression
     if dialect == "duckdb":
         return exp.Anonymous(this="hash", expressions=[*parts, exp.Placeholder()])
     # PostgreSQL: $1, for psycopg's raw cursor (a `%s` would make every `%` of the
-    # statement a placeholder, LIKE patterns and modulo included); CONCAT skips NULL keys
+    # statement a placeholder, LIKE patterns and modulo included); CONCAT skips NULL keys.
+    # HASHTEXTEXTENDED (64 bits, seeded like DuckDB's HASH by the secret salt in the text):
+    # MD5's text took a third of a GROUP BY over bounds (845k pairs: 2.8 s against 2.0 s).
     salted = [*parts, exp.Parameter(this=exp.Literal.number(1))]
     text = exp.Concat(expressions=[exp.cast(p, "TEXT") for p in salted], safe=True,
                       coalesce=True)
-    return exp.MD5(this=text)
+    return exp.Anonymous(this="HASHTEXTEXTENDED", expressions=[text, exp.Literal.number(0)])
 
 
 def joined_source(analysis: Analysis, row_ids: bool) -> exp.Expression:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scipy.stats import chi2
 
 from dpproxy.backends import Backend, open_backend
 from dpproxy.policy import Policy, load_policy
@@ -51,7 +52,7 @@ TABLES
 
 [analysts.bob]
 budget = { epsilon = 1e9, delta = 0.5 }
-tables = ["e", "f", "h", "h0"]
+tables = ["e", "f", "h", "h0", "u"]
 """
 
 TABLE = """
@@ -99,8 +100,18 @@ def fraction_rows() -> list[tuple[Any, ...]]:
             for v, x in ((1, 0.5), (1, 0.5), (2, 1.0), (None, None))]
 
 
+UNEVEN_UNITS = 1500
+
+
+def uneven_group_rows() -> list[tuple[Any, ...]]:
+    """Units 0..1499 with 1 row in group a, 2 in b and 3 in c: each keeps 2 of its 3 groups
+    (max_groups = 2), and which one it drops must be uniform, not weighted by rows."""
+    return [(u, g, 1, 1.0) for u in range(UNEVEN_UNITS) for g, n in (("a", 1), ("b", 2),
+                                                                     ("c", 3)) for _ in range(n)]
+
+
 TABLES = {"e": even_rows(), "h": heavy_rows() + light_rows(), "h0": light_rows(),
-          "f": fraction_rows()}
+          "f": fraction_rows(), "u": uneven_group_rows()}
 
 
 COLUMNS = "uid INTEGER NOT NULL, g TEXT, v INTEGER, x DOUBLE PRECISION"
@@ -187,6 +198,23 @@ def test_every_unit_over_the_group_bound_keeps_exactly_max_groups(policy: Policy
     # the salt changes which groups the units keep: 3 identical draws for 100 units choosing
     # 2 of 5 groups each have probability 10^-200
     assert len(seen) > 1
+
+
+def test_dropped_group_is_uniform_over_the_units_groups(policy: Policy,
+                                                        backend: Backend) -> None:
+    """1500 units with 1, 2 and 3 rows in groups a, b, c keep 2 groups each, chosen by the
+    salted hash: the group each drops is Multinomial(1500; 1/3, 1/3, 1/3), so the units
+    missing from each group are too. A chi-square statistic over 3 cells (2 degrees of
+    freedom) exceeds its 1 - 1e-6 quantile with probability 1e-6, treating the salted
+    hash as ideal randomness; a choice weighted by rows fails it by far."""
+    plan = plan_for(policy, "SELECT g, COUNT(DISTINCT uid) FROM u GROUP BY g",
+                    analyst=ANALYST)
+    got = exact_rows(backend, plan)
+    dropped = [UNEVEN_UNITS - got[(g,)][0] for g in "abc"]
+    assert sum(dropped) == UNEVEN_UNITS
+    expected = UNEVEN_UNITS / 3
+    statistic = sum((n - expected) ** 2 / expected for n in dropped)
+    assert statistic < chi2.isf(1e-6, df=2), dropped
 
 
 # -- a unit with 50 rows moves each statistic by at most its sensitivity --------------------

@@ -127,10 +127,10 @@ class DuckDBBackend:
             "SELECT current_setting('lock_configuration')").fetchone()
         if not (locked and locked[0]):  # another engine in this process may have locked it
             self._connection.execute("SET enable_external_access = false")
-            # A bounded statement reads its filtered rows two or three times (the rows, the
-            # group chosen per unit, the rows drawn for sums); DuckDB would materialize
-            # them once for all, which costs more than scanning again (10M rows: 0.8 s
-            # against 30 ms).
+            # A bounded statement that chooses each unit's group first reads its filtered
+            # rows twice (for the choice, then the chosen group's rows); DuckDB would
+            # materialize them once for both, which costs more than scanning again (10M
+            # rows: 0.8 s against 30 ms).
             self._connection.execute(f"SET disabled_optimizers = '{DISABLED_OPTIMIZERS}'")
             self._connection.execute("SET lock_configuration = true")
         external = self._connection.execute(

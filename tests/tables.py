@@ -42,6 +42,24 @@ def postgres_with(admin_dsn: str, tables: Tables) -> Iterator[str]:
         yield dsn
 
 
+def database_fixtures(name: str, tables: Tables) -> tuple[Any, Any]:
+    """The module-scoped fixtures `duckdb_file` and `postgres_dsn`, each holding `tables`
+    (a DuckDB file named after `name`, a scratch PostgreSQL database), that
+    `backend_section` reads. A test module binds them to those names:
+    `duckdb_file, postgres_dsn = database_fixtures("name", TABLES)`."""
+
+    @pytest.fixture(scope="module")
+    def duckdb_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+        return duckdb_with(tmp_path_factory.mktemp(name) / f"{name}.duckdb", tables)
+
+    @pytest.fixture(scope="module")
+    def postgres_dsn(pg_dsn: str) -> Iterator[str]:
+        with postgres_with(pg_dsn, tables) as dsn:
+            yield dsn
+
+    return duckdb_file, postgres_dsn
+
+
 def backend_section(request: pytest.FixtureRequest) -> str:
     """The policy's [backend] lines for the test's backend parameter, "duckdb" or
     "postgres", from the module's `duckdb_file` or `postgres_dsn` fixture."""

@@ -27,7 +27,7 @@ from scipy.stats import chi2
 from dpproxy.backends import Backend, open_backend
 from dpproxy.policy import Policy, load_policy
 from tests.exact import assert_within_bounds, exact_rows, plan_for
-from tests.tables import backend_section, duckdb_with, postgres_with
+from tests.tables import backend_section, database_fixtures
 
 ANALYST = "bob"  # the analyst of this file's policy
 
@@ -117,17 +117,8 @@ TABLES = {"e": even_rows(), "h": heavy_rows() + light_rows(), "h0": light_rows()
 COLUMNS = "uid INTEGER NOT NULL, g TEXT, v INTEGER, x DOUBLE PRECISION"
 
 
-@pytest.fixture(scope="module")
-def duckdb_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return duckdb_with(tmp_path_factory.mktemp("bounding") / "bounding.duckdb",
-                       {name: (COLUMNS, rows) for name, rows in TABLES.items()})
-
-
-@pytest.fixture(scope="module")
-def postgres_dsn(pg_dsn: str) -> Iterator[str]:
-    with postgres_with(pg_dsn, {name: (COLUMNS, rows) for name, rows in TABLES.items()}) \
-            as dsn:
-        yield dsn
+duckdb_file, postgres_dsn = database_fixtures(
+    "bounding", {name: (COLUMNS, rows) for name, rows in TABLES.items()})
 
 
 @pytest.fixture(params=["duckdb", "postgres"])

@@ -13,7 +13,6 @@ statement of the other layout.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from dpproxy.selection import (
     single_unit_release_probability,
 )
 from dpproxy.session import Engine
-from tests.tables import Tables, backend_section, duckdb_with, postgres_with
+from tests.tables import Tables, backend_section, database_fixtures
 
 MAX_ROWS = 10
 EPSILON, DELTA = 1.0, 1e-9
@@ -106,15 +105,7 @@ COLUMNS = "uid INTEGER NOT NULL, c TEXT, v INTEGER NOT NULL, w INTEGER"
 TABLES: Tables = {"s": (COLUMNS, s_rows()), "r1": ("uid INTEGER NOT NULL, c TEXT", [])}
 
 
-@pytest.fixture(scope="module")
-def duckdb_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return duckdb_with(tmp_path_factory.mktemp("count-selection") / "s.duckdb", TABLES)
-
-
-@pytest.fixture(scope="module")
-def postgres_dsn(pg_dsn: str) -> Iterator[str]:
-    with postgres_with(pg_dsn, TABLES) as dsn:
-        yield dsn
+duckdb_file, postgres_dsn = database_fixtures("count-selection", TABLES)
 
 
 @pytest.fixture(params=["duckdb", "postgres"])

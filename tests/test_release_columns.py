@@ -13,7 +13,7 @@ tests check the threshold itself with real noise.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from dpproxy.policy import Policy, load_policy
 from dpproxy.release import Released, release
 from dpproxy.selection import effective_threshold
 from dpproxy.session import Engine
-from tests.tables import Tables, backend_section, duckdb_with, postgres_with
+from tests.tables import Tables, backend_section, database_fixtures
 
 POLICY = """
 [backend]
@@ -100,15 +100,7 @@ TABLES: Tables = {
 }
 
 
-@pytest.fixture(scope="module")
-def duckdb_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return duckdb_with(tmp_path_factory.mktemp("release-columns") / "g.duckdb", TABLES)
-
-
-@pytest.fixture(scope="module")
-def postgres_dsn(pg_dsn: str) -> Iterator[str]:
-    with postgres_with(pg_dsn, TABLES) as dsn:
-        yield dsn
+duckdb_file, postgres_dsn = database_fixtures("release-columns", TABLES)
 
 
 @pytest.fixture(params=["duckdb", "postgres"])

@@ -28,7 +28,7 @@ from dpproxy.rewrite import rewrite
 from dpproxy.session import Engine
 from tests.conftest import PolicyFactory
 from tests.exact import assert_within_bounds, exact_rows, plan_for
-from tests.tables import backend_section, duckdb_with, postgres_with
+from tests.tables import backend_section, database_fixtures
 
 ANALYST = "bob"
 MAX_ROWS, MAX_GROUPS = 2, 2
@@ -106,17 +106,8 @@ TABLES = {"w": within_rows(), "h": heavy_rows() + light_rows(), "h0": light_rows
 COLUMNS = "uid INTEGER NOT NULL, g TEXT, c TEXT, v INTEGER, x DOUBLE PRECISION"
 
 
-@pytest.fixture(scope="module")
-def duckdb_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return duckdb_with(tmp_path_factory.mktemp("verified") / "verified.duckdb",
-                       {name: (COLUMNS, rows) for name, rows in TABLES.items()})
-
-
-@pytest.fixture(scope="module")
-def postgres_dsn(pg_dsn: str) -> Iterator[str]:
-    with postgres_with(pg_dsn, {name: (COLUMNS, rows) for name, rows in TABLES.items()}) \
-            as dsn:
-        yield dsn
+duckdb_file, postgres_dsn = database_fixtures(
+    "verified", {name: (COLUMNS, rows) for name, rows in TABLES.items()})
 
 
 def write_policy(tmp_path: Path, backend: str, extra: str = "") -> Path:

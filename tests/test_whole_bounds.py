@@ -20,7 +20,7 @@ import pytest
 from dpproxy.backends import Backend, open_backend
 from dpproxy.policy import Policy, load_policy
 from tests.exact import assert_within_bounds, exact_rows, plan_for
-from tests.tables import backend_section, duckdb_with, postgres_with
+from tests.tables import backend_section, database_fixtures
 
 MAX_ROWS = 2
 POLICY = f"""
@@ -53,15 +53,7 @@ HEAVY = [(0, 12)] * 5  # unit 0: 5 rows of 12, above the upper bound
 TABLES = {"w": (COLUMNS, HEAVY + LIGHT), "w0": (COLUMNS, LIGHT)}
 
 
-@pytest.fixture(scope="module")
-def duckdb_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return duckdb_with(tmp_path_factory.mktemp("whole") / "whole.duckdb", TABLES)
-
-
-@pytest.fixture(scope="module")
-def postgres_dsn(pg_dsn: str) -> Iterator[str]:
-    with postgres_with(pg_dsn, TABLES) as dsn:
-        yield dsn
+duckdb_file, postgres_dsn = database_fixtures("whole", TABLES)
 
 
 @pytest.fixture(params=["duckdb", "postgres"])

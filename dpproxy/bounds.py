@@ -29,6 +29,17 @@ per group is cheaper than testing it once per row (PostgreSQL: 99 against 125 ms
 rows; DuckDB: 8.8 against 13 ms). On a table with many keys outside the lists, the row
 filter is far cheaper than aggregating them all, hence the check.
 
+Where the bounds do not hold, most units may still be within them: a few heavy users are
+what `max_rows_per_unit` is usually set against. On DuckDB the backend then reads, once,
+the units that exceed the bounds (`BoundCheck.heavy_sql`), keeps them in a temporary
+table, and runs `Unbounded.split_sql`: the plain aggregate over the rows of every other
+unit plus the bounded one over the heavy units' rows, added per group. Bounding treats
+each unit alone and leaves a unit within the bounds as it is, so the two parts add up to
+the bounded statement's statistics, group by group; only the heavy units' rows are
+aggregated per unit (10M rows with a quarter of them heavy: 0.2 against 0.35 s). Where
+heavy units hold more than half of the rows (`SPLIT_MAX_HEAVY_SHARE`) the split would
+cost more than it saves, and the bounded statement runs.
+
 The check's result never leaves the proxy. What can be observed is time: a query is
 faster while no unit exceeds the bounds. Timing is outside the model dpproxy defends
 (as for any engine whose speed depends on data size); `[privacy] verify_bounds = false`
@@ -37,6 +48,7 @@ in the policy turns the shortcut off.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -46,8 +58,11 @@ from sqlglot import exp
 UNIT = "__unit"
 PAIR_ROWS = "__pair_rows"
 UNIT_GROUPS = "__unit_groups"
+UNIT_ROWS = "__unit_rows"
 # Most distinct groups in a table for which the public-key filter runs after aggregation
 LATE_FILTER_GROUPS = 1024
+# Largest share of a table's rows its heavy units may hold for the split statement to run
+SPLIT_MAX_HEAVY_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -60,6 +75,15 @@ class BoundCheck:
     max_rows: int
     max_groups: int
     counts_groups: bool = False
+    # the units exceeding either bound, with their rows (`__unit`, `__unit_rows`), and the
+    # table's row count: what the split statement needs (see the module docstring)
+    heavy_sql: str = ""
+    rows_sql: str = ""
+
+    @cached_property
+    def heavy_table(self) -> str:
+        """The name of the temporary table the backend keeps this check's heavy units in."""
+        return "__heavy_" + hashlib.sha256(self.sql.encode()).hexdigest()[:16]
 
     def holds(self, observed: Sequence[object] | None) -> bool:
         """Whether the observed maxima are within the plan's bounds."""
@@ -78,11 +102,13 @@ class BoundCheck:
 @dataclass
 class BoundingCounts:
     """How a backend ran the statements offered an unbounded form: checks read, and
-    statements run unbounded (`skipped`) or bounded (`enforced`)."""
+    statements run unbounded (`skipped`), bounded (`enforced`), or bounded for the heavy
+    units only (`split`)."""
 
     checks: int = 0
     skipped: int = 0
     enforced: int = 0
+    split: int = 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,10 +123,19 @@ class Unbounded:
     slots: int = 0
     # the same statement filtering its groups, not its rows, by the public key lists
     generate_late: Callable[[], str] | None = field(default=None, repr=False)
+    # the plain aggregate over units within the bounds plus the bounded one over the units
+    # in the named table (`BoundCheck.heavy_table`); parameters as the bounded statement's
+    generate_split: Callable[[str], str] | None = field(default=None, repr=False)
 
     @cached_property
     def sql(self) -> str:
         return self.generate()
+
+    @cached_property
+    def split_sql(self) -> str | None:
+        if self.generate_split is None:
+            return None
+        return self.generate_split(self.check.heavy_table)
 
     @cached_property
     def late_sql(self) -> str | None:
@@ -150,6 +185,15 @@ def bound_check(table: str, unit: exp.Expression, keys: Sequence[exp.Expression]
         exp.column(UNIT), exp.alias_(exp.Count(this=exp.Star()), UNIT_GROUPS),
         exp.alias_(exp.Max(this=exp.column(PAIR_ROWS)), PAIR_ROWS), copy=False).from_(
         pairs.subquery("pairs", copy=False), copy=False).group_by(exp.column(UNIT), copy=False)
+    # the units over either bound, each with its rows
+    heavy = exp.select(exp.column(UNIT), exp.column(UNIT_ROWS), copy=False).from_(
+        units.copy().select(exp.alias_(exp.Sum(this=exp.column(PAIR_ROWS)), UNIT_ROWS),
+                            copy=False).subquery("units", copy=False), copy=False).where(
+        exp.or_(exp.GT(this=exp.column(PAIR_ROWS), expression=exp.Literal.number(max_rows)),
+                exp.GT(this=exp.column(UNIT_GROUPS),
+                       expression=exp.Literal.number(max_groups))), copy=False)
+    table_rows = exp.select(exp.Count(this=exp.Star()), copy=False).from_(
+        exp.Table(this=exp.to_identifier(table, quoted=True)), copy=False)
     check = exp.select(exp.Max(this=exp.column(PAIR_ROWS)),
                        exp.Max(this=exp.column(UNIT_GROUPS)), copy=False).from_(
         units.subquery("units", copy=False), copy=False)
@@ -167,4 +211,5 @@ def bound_check(table: str, unit: exp.Expression, keys: Sequence[exp.Expression]
                                   .from_(groups.subquery("groups", copy=False), copy=False)),
                      copy=False)
     return BoundCheck(check.sql(dialect=dialect, copy=False), max_rows, max_groups,
-                      counts_groups)
+                      counts_groups, heavy.sql(dialect=dialect, copy=False),
+                      table_rows.sql(dialect=dialect, copy=False))

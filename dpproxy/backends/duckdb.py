@@ -19,7 +19,7 @@ from pathlib import Path
 
 import duckdb
 
-from ..bounds import BoundCheck, BoundingCounts, Unbounded
+from ..bounds import SPLIT_MAX_HEAVY_SHARE, UNIT, BoundCheck, BoundingCounts, Unbounded
 from ..errors import BackendError, InvalidPolicy
 from ..policy import Policy
 from .shared_scans import SharedScans
@@ -28,6 +28,9 @@ from .shared_scans import SharedScans
 PREPARED_STATEMENTS = os.environ.get("DPPROXY_PREPARED", "on").lower() != "off"
 PREPARED_PER_THREAD = 64  # statements each thread's cursor keeps prepared
 DISABLED_OPTIMIZERS = "common_subplan"
+# "off": a query over data where some unit exceeds the bounds runs bounded whole, never as
+# the split statement (`dpproxy.bounds`), for A/B benchmarks.
+SPLIT_BOUNDING = os.environ.get("DPPROXY_SPLIT_BOUNDING", "on").lower() != "off"
 # "off": every statement runs alone, none shares a scan, for A/B benchmarks.
 SHARED_SCANS = os.environ.get("DPPROXY_SHARED_SCANS", "on").lower() != "off"
 
@@ -142,6 +145,8 @@ class DuckDBBackend:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._checks: dict[str, tuple[object, ...] | None] = {}  # check SQL → observed maxima
+        # check SQL → its heavy units, where the split statement is worth running
+        self._heavy: dict[str, list[object] | None] = {}
         self.bounding = BoundingCounts()
         self.shared = SharedScans(self._run)
 
@@ -189,6 +194,9 @@ class DuckDBBackend:
                 # only the statement without bounding can be shared (and only it is worth
                 # parsing to see whether it can: a bounded one is large and never can)
                 shareable = SHARED_SCANS
+            elif (split := self._split(unbounded)) is not None:
+                sql = split  # the bounded statement's parameters
+                self.bounding.split += 1
             else:
                 self.bounding.enforced += 1
         try:
@@ -216,6 +224,48 @@ class DuckDBBackend:
                 self._checks[check.sql] = observed
                 self.bounding.checks += 1
         return observed
+
+    def _split(self, unbounded: Unbounded) -> str | None:
+        """The split statement where it is offered and worth running, its heavy units'
+        table made on this thread's cursor; None: run the bounded statement."""
+        if not SPLIT_BOUNDING or unbounded.generate_split is None:
+            return None
+        check = unbounded.check
+        with self._lock:
+            known = check.sql in self._heavy
+            units = self._heavy.get(check.sql)
+        if not known:
+            units = self._heavy_units(check)
+            with self._lock:
+                self._heavy[check.sql] = units
+        if units is None:
+            return None
+        made: set[str] = self._local.__dict__.setdefault("heavy_tables", set())
+        if check.heavy_table not in made:
+            try:
+                # a temporary table belongs to its cursor: each thread's makes its own
+                self._cursor().execute(f'CREATE TEMPORARY TABLE "{check.heavy_table}" AS '
+                                       f"SELECT UNNEST($1) AS {UNIT}", [units])
+            except duckdb.Error:
+                return None
+            made.add(check.heavy_table)
+        return unbounded.split_sql
+
+    def _heavy_units(self, check: BoundCheck) -> list[object] | None:
+        """The units over the bounds, read once; None where splitting would not pay (they
+        hold more than SPLIT_MAX_HEAVY_SHARE of the rows) or is not possible (a NULL
+        unit is one of them, or the read fails)."""
+        try:
+            cursor = self._cursor()
+            heavy = cursor.execute(check.heavy_sql).fetchall()
+            counted = cursor.execute(check.rows_sql).fetchone()
+        except duckdb.Error:
+            return None
+        rows = int(counted[0]) if counted else 0
+        if any(unit is None for unit, _ in heavy) or \
+                sum(int(n) for _, n in heavy) > SPLIT_MAX_HEAVY_SHARE * rows:  # type: ignore[call-overload]
+            return None
+        return [unit for unit, _ in heavy]
 
     def data_version(self) -> str:
         """The file's size and modification time when opened: the data cannot change while

@@ -186,6 +186,31 @@ def test_mixing_charges_only_the_central_part(alice: Session, engine: Engine) ->
     assert "exact, no central noise" in explain and "2 noisy statistic(s)" in explain
 
 
+@pytest.mark.parametrize("sql", [
+    "SELECT AVG(high_income) FROM survey WHERE age > 40",
+    "SELECT age, COUNT(occupation = 'Sales') FROM survey GROUP BY age",
+    "SELECT AVG(high_income) FROM survey WHERE person_id = 8 AND age > 40",
+])
+def test_public_membership_is_exact_only_over_public_columns(
+        tmp_path: Path, survey_database: Path, sql: str) -> None:
+    """With age's values private (no public_range), which rows pass `age > 40`, or hold an
+    age, is private: the report count and sum are noised and charged, else COUNT(x)/AVG(x)
+    would give the exact number of rows matching a private predicate, a private value by
+    bisection. With age public (the demo's policy) the same query is exact and free."""
+    private_age = survey_policy(tmp_path, survey_database)
+    private_age.write_text(private_age.read_text().replace(", public_range = { step = 1 }", ""))
+    assert "public_range" not in private_age.read_text().split("[tables.survey.columns]")[1] \
+        .split("[")[0]
+    with Engine.from_path(private_age) as engine:
+        result = engine.session("alice").execute(sql)
+        assert result.cost is not None and result.cost.epsilon > 0
+        accuracy = next(a for a in result.accuracy if a is not None)
+        assert accuracy.epsilon > 0 and all(scale > 0 for scale in accuracy.noise_scales)
+    with Engine.from_path(survey_policy(tmp_path, survey_database)) as engine:
+        result = engine.session("alice").execute(sql)
+        assert result.cost is not None and result.cost.epsilon == 0
+
+
 def test_private_membership_noises_and_charges(tmp_path: Path, survey_database: Path,
                                                truth: dict[str, float]) -> None:
     """Without `membership = "public"`, who is in a group is private: the row count and the

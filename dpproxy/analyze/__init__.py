@@ -63,7 +63,7 @@ from .expressions import (
 )
 from .joins import Join, resolve_joins
 from .keys import enumerable, key_type, key_values
-from .ldp import local_aggregate, raw_read_error, reject_raw_local
+from .ldp import local_aggregate, raw_read_error, reject_raw_local, rows_are_public
 
 __all__ = ["AggregateCall", "Analysis", "ConstantQuery", "GroupKey", "Join", "OrderItem",
            "Output", "analyze"]
@@ -208,7 +208,12 @@ def analyze(select: exp.Expression, policy: Policy, analyst: AnalystPolicy
     resolve = make_resolver(table.name, alias, table.columns)
     where = _check_where(select, resolve)
     keys = _resolve_keys(select, table, resolve)
-    statistics, aggregates = _collect_aggregates(select, table, resolve)
+    read = [resolve(c) for node in (where, *(k.expression for k in keys)) if node is not None
+            for c in node.find_all(exp.Column)]
+    public_rows = rows_are_public(
+        [*read, *(k.column for k in keys if k.expression is None)], table,
+        {f"{j.prefix}.{name}" for j in joins for name in j.table.columns})
+    statistics, aggregates = _collect_aggregates(select, table, resolve, public_rows)
     outputs, having, order = _resolve_outputs(select, keys, aggregates, resolve)
     limit, offset = _limit_offset(select)
     return Analysis(table, where, keys, statistics, aggregates, outputs, having, order, limit,
@@ -581,7 +586,8 @@ def _quantile_clamp_hint(node: exp.Expression, arg: exp.Expression, t: ExprType)
             "for the column in the policy")
 
 
-def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolver
+def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolver,
+                        public_rows: bool
                         ) -> tuple[tuple[Statistic, ...], tuple[AggregateCall, ...]]:
     statistics: list[Statistic] = []
     aggregates: dict[str, AggregateCall] = {}
@@ -599,7 +605,7 @@ def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolve
             if node.parent is not None and isinstance(node.parent, exp.Filter):
                 raise NotSupportedError("aggregate FILTER (WHERE …) is not supported",
                                         hint="use CASE WHEN … THEN … END inside the aggregate")
-            local = local_aggregate(node, table, resolve)
+            local = local_aggregate(node, table, resolve, public_rows)
             rule_name, arg = ("local", None) if local else _aggregate_parts(node, table)
             if arg is not None:
                 arg = coerce_literals(arg, resolve)

@@ -20,10 +20,11 @@ count = (s − n·p_zero)/(p_one − p_zero), and gives an interval from the ran
 
 Who is in a group is not protected by local DP: s and n change when a person joins or
 leaves the table, or when a WHERE/GROUP BY column changes. So unless the table declares
-`membership = "public"` (its rows and non-local columns are public knowledge, as a
-survey's roster can be), s and n are noised centrally and charged like COUNT and SUM;
-the interval then covers that noise too. With public membership they are `exact`:
-released as computed, at no central cost (post-processing of already private reports).
+`membership = "public"` (who is in it is public knowledge, as a survey's roster can be)
+and the query's WHERE and GROUP BY read only public columns (`rows_are_public`), s and n
+are noised centrally and charged like COUNT and SUM; the interval then covers that noise
+too. Otherwise they are `exact`: released as computed, at no central cost
+(post-processing of already private reports).
 
 >>> from dpproxy.local import RandomizedResponse
 >>> rule = local_rule("avg", RandomizedResponse.from_epsilon(1.0))
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Collection, Iterable
 
 from sqlglot import exp
 
@@ -45,7 +47,8 @@ from ..policy import ColumnPolicy, LocalDP, TablePolicy
 from .aggregates import AggregateRule, Interval, Statistic, Stats, Values
 from .expressions import Resolver
 
-__all__ = ["local_aggregate", "local_rule", "raw_read_error", "reject_raw_local"]
+__all__ = ["local_aggregate", "local_rule", "raw_read_error", "reject_raw_local",
+           "rows_are_public"]
 
 
 def _usage(column: ColumnPolicy) -> str:
@@ -109,10 +112,13 @@ def _number(text: str) -> object:
         return float(text)
 
 
-def local_aggregate(node: exp.AggFunc, table: TablePolicy, resolve: Resolver
+def local_aggregate(node: exp.AggFunc, table: TablePolicy, resolve: Resolver,
+                    public_rows: bool = False
                     ) -> tuple[AggregateRule, list[Statistic]] | None:
     """The rule and statistics of an aggregate over a local-DP column; None when the
-    aggregate reads no such column. Any other use of one is refused."""
+    aggregate reads no such column. Any other use of one is refused. `public_rows`: the
+    query's WHERE and GROUP BY read only public columns (`rows_are_public`), so with
+    public membership which rows each group holds is public."""
     columns = [resolve(c) for c in node.find_all(exp.Column)]
     local = [c for c in columns if c.ldp is not None]
     if not local:
@@ -127,10 +133,23 @@ def local_aggregate(node: exp.AggFunc, table: TablePolicy, resolve: Resolver
             "differential privacy; only its debiased COUNT and AVG are answered",
             hint=f"ask for {_usage(column)}")
     assert column.ldp is not None
-    exact = table.membership == "public"
+    exact = table.membership == "public" and public_rows
     statistics = [Statistic("sum", bit, 0.0, 1.0, 0.0, True, exact),
                   Statistic("count", bit.copy(), exact=exact)]
     return local_rule(kind, column.ldp), statistics
+
+
+def rows_are_public(read: Iterable[ColumnPolicy], table: TablePolicy,
+                    public_columns: Collection[str] = ()) -> bool:
+    """Whether the columns the WHERE and the GROUP BY keys read all hold public values:
+    the privacy unit, columns with `public_values` or `public_range`, and
+    `public_columns` (those of joined public tables).
+
+    Public membership makes the roster public, not every column: a filter on a private
+    column (`WHERE income > 50000`) makes a group's report count a private count, which
+    exact release would give away."""
+    return all(c.name == table.privacy_unit or c.public_domain is not None
+               or c.name in public_columns for c in read)
 
 
 def _describe(channel: LocalDP) -> str:

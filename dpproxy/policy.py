@@ -19,7 +19,7 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
@@ -63,6 +63,9 @@ class ColumnPolicy:
     # Public tables only: a claim that no two rows share a value of this column, so a join on
     # it matches at most one row. The rewrite enforces it (one row per value is joined).
     unique: bool = False
+    # The database's type of the column, lowercase, as the engine read it on opening its
+    # backend (`with_storage`); "" where the table has no such column; None: not read.
+    storage: str | None = None
 
     @property
     def bounded(self) -> bool:
@@ -133,9 +136,10 @@ class TablePolicy:
     max_groups_per_unit: int = 1
     max_rows_per_unit: int = 1
     total_budget: Budget | None = None
-    # "public": who is in the table, and its columns other than local-DP ones, are public
-    # (a survey's roster), so local-DP aggregates are released without central noise or
-    # charge. "private" (the default): their row counts and report sums are noised and charged.
+    # "public": who is in the table is public (a survey's roster), so local-DP aggregates
+    # whose WHERE and GROUP BY read only public columns are released without central noise
+    # or charge. "private" (the default): their row counts and report sums are noised and
+    # charged.
     membership: str = "private"
 
 
@@ -242,6 +246,18 @@ class Policy:
             raise InvalidPolicy(
                 f"analyst {name!r} is not in policy {self.path.name}", detail=f"analysts: {known}"
             ) from None
+
+
+def with_storage(policy: Policy, types: Mapping[tuple[str, str], str]) -> Policy:
+    """The policy with each column's database type (`ColumnPolicy.storage`) from `types`,
+    keyed by lowercase (table, column); a column absent from it gets "" (not in the
+    database)."""
+    tables = {
+        name: replace(table, columns={
+            c: replace(column, storage=types.get((name.lower(), c.lower()), ""))
+            for c, column in table.columns.items()})
+        for name, table in policy.tables.items()}
+    return replace(policy, tables=tables)
 
 
 class _Checker:

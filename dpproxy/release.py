@@ -83,6 +83,9 @@ def _normalize_key(value: object, key: GroupKey) -> object:
         return value.isoformat()
     if key.column.type == "float" and value is not None:
         return float(value)  # type: ignore[arg-type]
+    if key.column.type == "int" and isinstance(value, float):
+        # an int column grouped as a double (`rewrite.released_key`): whole ones are ints
+        return normalize_key(value, "int")
     return value
 
 

@@ -424,8 +424,63 @@ def _check_for(plan: QueryPlan, dialect: str, counts_groups: bool) -> BoundCheck
 
 def _key_expression(key: GroupKey, table: TablePolicy, dialect: str) -> exp.Expression:
     # an expression key is computed once per row, made total like any row expression
-    return exp.column(key.column.name, quoted=True) if key.expression is None \
+    value = exp.column(key.column.name, quoted=True) if key.expression is None \
         else make_total(key.expression, table, dialect)
+    return released_key(value, key, table, dialect)
+
+
+# Database types whose values reach Python as they are (ints, floats, text, dates): two
+# distinct values of them are two distinct released keys
+_EXACT_KEY_TYPES = {
+    "duckdb": {"tinyint", "smallint", "integer", "bigint", "hugeint", "utinyint", "usmallint",
+               "uinteger", "ubigint", "uhugeint", "float", "double"},
+    "postgres": {"smallint", "integer", "bigint", "real", "double precision"},
+}
+
+
+def released_key(value: exp.Expression, key: GroupKey, table: TablePolicy, dialect: str
+                 ) -> exp.Expression:
+    """A number key as it is released: as a double where the backend's value would lose
+    digits on its way to Python (DECIMAL and NUMERIC columns, PostgreSQL's NUMERIC
+    arithmetic), so that the backend groups rows by the key released.
+
+    Otherwise two groups the backend keeps apart (9.99 and 9.990000000000000000001)
+    would become one key in Python, where one would replace the other: a single unit
+    could then remove a large group. A coarser key computed per row changes nothing a
+    unit contributes."""
+    if key.column.type not in ("int", "float"):
+        return value
+    if key.expression is None:
+        column = table.columns.get(key.column.name) or next(
+            c for n, c in table.columns.items() if n.lower() == key.column.name.lower())
+        if column.storage in _EXACT_KEY_TYPES[dialect]:
+            return value
+    elif dialect == "duckdb":
+        return value  # computed in DOUBLE (`make_total`)
+    if dialect == "duckdb":
+        return exp.cast(value, _DOUBLE)
+    return _double_postgres(value)
+
+
+def _double_postgres(value: exp.Expression) -> exp.Expression:
+    """A NUMERIC (or any number) as DOUBLE PRECISION without an error: a magnitude below
+    1e-300 is 0, above 1e300 ±Infinity (NaN is +Infinity), NULL stays NULL."""
+    double = exp.DataType.build("DOUBLE")
+    magnitude = exp.Abs(this=value.copy())
+
+    def below(limit: str) -> exp.Expression:
+        return exp.LT(this=magnitude.copy(), expression=exp.Literal.number(limit))
+
+    def infinity(sign: str) -> exp.Expression:
+        return exp.cast(exp.Literal.string(f"{sign}Infinity"), double)
+
+    zero = exp.Literal.number(0)
+    return exp.Case(ifs=[
+        exp.If(this=below("1e-300"), true=exp.cast(zero.copy(), double)),
+        exp.If(this=below("1e300"), true=exp.cast(value.copy(), double)),
+        exp.If(this=exp.GT(this=value.copy(), expression=zero.copy()), true=infinity("")),
+        exp.If(this=exp.LT(this=value.copy(), expression=zero.copy()), true=infinity("-")),
+    ])
 
 
 def _statement(plan: QueryPlan, dialect: str, bounded: bool, late: bool = False

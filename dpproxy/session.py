@@ -50,7 +50,7 @@ from .plan import (
     parse_split,
     plan_query,
 )
-from .policy import AnalystPolicy, Policy, env_password, load_policy
+from .policy import AnalystPolicy, Policy, env_password, load_policy, with_storage
 from .postprocess import evaluate
 from .release import ColumnAccuracy, Interval, Released, release
 from .rewrite import Rewritten, rewrite
@@ -183,8 +183,11 @@ class Engine:
     """Everything sessions on one policy share. Thread-safe."""
 
     def __init__(self, policy: Policy, backend: Backend | None = None) -> None:
-        self.policy = policy
         self.backend = backend if backend is not None else open_backend(policy)
+        # each column's type in the database: the rewrite groups keys by what is released
+        # (`rewrite.released_key`), and a query naming what the database lacks is refused
+        # before it is charged
+        self.policy = with_storage(policy, self.backend.column_types(list(policy.tables)))
         self.ledger = open_ledger(policy)
         self.audit = AuditLog(policy.audit_log_path)
         self._closed = False

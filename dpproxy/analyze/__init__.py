@@ -340,6 +340,10 @@ def _resolve_table(select: exp.Select, policy: Policy, analyst: AnalystPolicy
         raise PrivacyViolation(f"permission denied for table {table.name}",
                                hint=f"tables granted to {analyst.name}: "
                                     f"{', '.join(granted) or 'none'}")
+    if table.columns and all(c.storage == "" for c in table.columns.values()):
+        # refused before anything is charged: running it could only fail
+        raise UndefinedTable(f'relation "{table.name}" is in the policy but not in the '
+                             "database", hint="ask the data owner to fix the policy")
     return table, source.alias or None
 
 

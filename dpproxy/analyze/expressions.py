@@ -144,6 +144,11 @@ def make_resolver(table_name: str, alias: str | None, columns: Mapping[str, Colu
             raise UndefinedColumn(
                 f"column {node.name!r} does not exist in table {table_name}",
                 hint=f"columns of {table_name}: {', '.join(columns)}")
+        if policy.storage == "":
+            # refused before anything is charged: running it could only fail
+            raise UndefinedColumn(
+                f"column {node.name!r} of table {table_name} is in the policy but not in "
+                "the database", hint="ask the data owner to fix the policy")
         return policy
 
     return resolve

@@ -29,6 +29,11 @@ class Backend(Protocol):
         """Changes whenever the data may have changed: cached answers belong to one version."""
         ...
 
+    def column_types(self, tables: Sequence[str]) -> dict[tuple[str, str], str]:
+        """The database type of each column of these tables (lowercase), by lowercase
+        (table, column); a table the database lacks has no entry."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -267,6 +267,15 @@ class DuckDBBackend:
             return None
         return [unit for unit, _ in heavy]
 
+    def column_types(self, tables: Sequence[str]) -> dict[tuple[str, str], str]:
+        """The type of each column of these tables, by lowercase (table, column)."""
+        found = self._cursor().execute(
+            "SELECT lower(table_name), lower(column_name), lower(data_type) "
+            "FROM information_schema.columns WHERE table_schema = current_schema() "
+            "AND lower(table_name) IN (SELECT lower(UNNEST($1::VARCHAR[])))",
+            [list(tables)]).fetchall()
+        return {(t, c): d for t, c, d in found}
+
     def data_version(self) -> str:
         """The file's size and modification time when opened: the data cannot change while
         the backend holds it open (see the module docstring), so it is read once."""

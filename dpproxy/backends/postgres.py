@@ -48,6 +48,13 @@ SELECT pg_postmaster_start_time()::text,
           LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid)
 """
 
+_COLUMN_TYPES_SQL = """
+SELECT t.name, a.attname, format_type(a.atttypid, NULL)
+  FROM unnest($1::text[]) AS t(name)
+  JOIN pg_attribute a ON a.attrelid = to_regclass(quote_ident(t.name))
+ WHERE a.attnum > 0 AND NOT a.attisdropped
+"""
+
 # The transaction's snapshot, as text, and the server's start time: two transactions with
 # equal values see the same committed rows. Read first, so it is the transaction's.
 _SNAPSHOT_SQL = "SELECT pg_current_snapshot()::text || '@' || pg_postmaster_start_time()::text"
@@ -225,6 +232,17 @@ class PostgresBackend:
             self._checks[check.sql] = (snapshot, observed, now)
             self.bounding.checks += 1
         return observed
+
+    def column_types(self, tables: Sequence[str]) -> dict[tuple[str, str], str]:
+        """The type of each column of these tables (as the data version finds them, on the
+        search path), by lowercase (table, column)."""
+        try:
+            with self._pool.connection() as conn:
+                found = conn.execute(_COLUMN_TYPES_SQL, [list(tables)]).fetchall()
+        except (psycopg.Error, PoolTimeout):
+            raise BackendError(f"could not read the policy tables' columns from "
+                               f"{self._server}") from None
+        return {(str(t).lower(), str(c).lower()): str(d) for t, c, d in found}
 
     def data_version(self) -> str:
         """Changes when a policy table may have changed: its row counters (inserts,

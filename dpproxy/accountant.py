@@ -1018,9 +1018,13 @@ class Ledger:
                 else:
                     left_text = "; ".join(f"{_label(n)} ε={_fmt(e)}, δ={_fmt(d)}"
                                           for n, e, d in short)
+                # a query without δ refused for δ: what was spent is above the δ budget
+                # (an admin set it lower), which no query can undo
+                overspent = "; δ already spent exceeds the δ budget" \
+                    if delta_short and delta == 0 else ""
                 raise BudgetExceeded(
                     f"privacy budget exceeded for {who}: query costs ε={_fmt(eps)}, "
-                    f"δ={_fmt(delta)}; remaining {left_text}",
+                    f"δ={_fmt(delta)}; remaining {left_text}{overspent}",
                     hint=_HINT_DELTA if delta_short else _HINT)
             charge = Charge(uuid.uuid4().hex, names, Cost(_num(eps), _num(delta)), analyst,
                             statement, time.time(), tuple(after))
@@ -1172,13 +1176,17 @@ class Ledger:
             self._admin_event(time.time(), by, account, "grant", eps, delta)
             return self._status(db, account)
 
-    def set_budget(self, account: str, budget: Cost, *, by: str) -> AccountStatus:
-        """Replace the account's budget (spent is kept; below spent, remaining is 0)."""
+    def set_budget(self, account: str, budget: Cost, *, by: str,
+                   keep_delta: bool = False) -> AccountStatus:
+        """Replace the account's budget (spent is kept; below spent, remaining is 0);
+        `keep_delta`: replace only ε, the δ budget stays as it is (budget.delta unused)."""
         eps, delta = _check_cost(budget, "budget")
         _check_name(by, "by")
         with self._write() as db:
             self._store.lock_accounts(db, [account])
-            self._row(db, account)
+            row = self._row(db, account)
+            if keep_delta:
+                delta = _num(row[1])
             db.execute("UPDATE accounts SET budget_epsilon = ?, budget_delta = ? WHERE account = ?",
                        (str(eps), str(delta), account))
             self._admin_event(time.time(), by, account, "set_budget", eps, delta)

@@ -178,9 +178,10 @@ def _admin_change(args: argparse.Namespace, action: str) -> int:
     account = _account(policy, args.analyst, args.table)
     with open_ledger(policy) as ledger:
         if action == "grant":
-            status = ledger.grant(account, Cost(args.epsilon, args.delta), by=args.by)
-        elif action == "set":
-            status = ledger.set_budget(account, Cost(args.epsilon, args.delta), by=args.by)
+            status = ledger.grant(account, Cost(args.epsilon, args.delta or 0.0), by=args.by)
+        elif action == "set":  # without --delta, only ε is replaced
+            status = ledger.set_budget(account, Cost(args.epsilon, args.delta or 0.0),
+                                       by=args.by, keep_delta=args.delta is None)
         else:
             status = ledger.reset(account, by=args.by)
     _print_rows([_status_row(status)], args.json)
@@ -294,7 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
         target(cmd, required=True)
         if action != "reset":
             cmd.add_argument("--epsilon", type=float, required=True)
-            cmd.add_argument("--delta", type=float, default=0.0)
+            cmd.add_argument("--delta", type=float,
+                             help="δ to add" if action == "grant" else
+                             "the new δ budget (default: δ stays as it is)")
         cmd.add_argument("--by", default=os.environ.get("USER") or "cli",
                          help="who makes the change, for the record (default: $USER)")
         cmd.set_defaults(func=lambda a, action=action: _admin_change(a, action))

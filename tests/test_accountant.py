@@ -364,6 +364,20 @@ def test_grant_and_set_budget_are_admin_events(ledger_at: LedgerAt) -> None:
         assert tuple(row) == ("3.0", "1.1")
 
 
+def test_set_budget_may_keep_delta(ledger_at: LedgerAt) -> None:
+    """Replacing only ε keeps the δ budget: a δ of 0 would leave an analyst who had spent
+    any δ unable to run even a pure-ε query, and the refusal says why."""
+    with ledger_at("keep.db", {ALICE: Cost(1.0, 1e-5)}) as ledger:
+        spend(ledger, Cost(0.1, 4e-7))
+        st = ledger.set_budget(ALICE, Cost(50.0), by="admin:root", keep_delta=True)
+        assert st.budget == Cost(50.0, 1e-5)
+        spend(ledger, Cost(0.1))  # a pure-ε query still runs
+        assert ledger.admin_history(ALICE)[0].amount == Cost(50.0, 1e-5)
+        ledger.set_budget(ALICE, Cost(50.0), by="admin:root")  # δ set to 0, below spent
+        with pytest.raises(BudgetExceeded, match="δ already spent exceeds the δ budget"):
+            spend(ledger, Cost(0.1))
+
+
 # -- schema -----------------------------------------------------------------------------------
 
 def test_schema_version_is_set_and_newer_files_are_refused(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from dpproxy.accountant import Cost
 from dpproxy.server import codec
 from dpproxy.server.connection import ClientConnection
 from dpproxy.session import Result
@@ -345,12 +346,14 @@ def test_admin_commands(serve: ServeFactory) -> None:
         granted = conn.execute("CALL dpproxy.grant('alice', 1.5, 0)").fetchone()
         assert granted[:2] == ("analyst:alice", 11.5)
         conn.execute("CALL dpproxy.set_budget(%s, %s, %s)", ["alice", 5.0, 1e-5])
-    assert served.engine.ledger.status("analyst:alice").budget.epsilon == 5.0
+        assert served.engine.ledger.status("analyst:alice").budget == Cost(5.0, 1e-5)
+        conn.execute("CALL dpproxy.set_budget('alice', 6.0)")  # ε only: δ stays
+    assert served.engine.ledger.status("analyst:alice").budget == Cost(6.0, 1e-5)
     with psycopg.connect(served.dsn(), autocommit=True) as conn:
         for command in ("SELECT * FROM dpproxy.budgets", "CALL dpproxy.grant('alice', 100, 0)"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(command)
-    assert served.engine.ledger.status("analyst:alice").budget.epsilon == 5.0
+    assert served.engine.ledger.status("analyst:alice").budget.epsilon == 6.0
 
 
 # cancel, timeouts, disconnects -------------------------------------------------------------------

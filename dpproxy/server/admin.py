@@ -4,7 +4,8 @@ The syntax (parsed with sqlglot, never matched as text):
 
 - `SELECT * FROM dpproxy.budgets`: every account, its budget, spent and remaining;
 - `CALL dpproxy.grant('alice', 1.0 [, 1e-6])`: add ε (and δ) to alice's budget;
-- `CALL dpproxy.set_budget('alice', 5.0 [, 1e-5])`: replace alice's budget.
+- `CALL dpproxy.set_budget('alice', 5.0 [, 1e-5])`: replace alice's ε budget (and δ
+  budget, if given; without it δ stays as it is).
 
 An account is an analyst name (`'alice'` means `analyst:alice`) or a full
 account name (`'table:adult'`). Both CALLs answer with the account's new
@@ -83,7 +84,9 @@ def _call(text: str, params: Sequence[object] | None) -> AdminCommand | None:
                                            hint=_USAGE)
     account = target.this if ":" in target.this else analyst_account(target.this)
     epsilon = _number(args[1], "epsilon")
-    delta = _number(args[2], "delta") if len(args) == 3 else 0.0
+    # set_budget without δ replaces only ε; grant without δ adds none
+    delta = _number(args[2], "delta") if len(args) == 3 else None if name == "set_budget" \
+        else 0.0
     return AdminCommand(name, account, epsilon, delta)
 
 
@@ -149,12 +152,13 @@ def run(cmd: AdminCommand, engine: Engine, analyst: str, role: str) -> Result:
     if cmd.action == "budgets":
         rows = [_row(s) for s in engine.ledger.statuses()]
         return Result(BUDGET_COLUMNS, rows, f"SELECT {len(rows)}", BUDGET_TYPES)
-    assert cmd.account is not None and cmd.epsilon is not None and cmd.delta is not None
-    amount = Cost(cmd.epsilon, cmd.delta)
+    assert cmd.account is not None and cmd.epsilon is not None
+    amount = Cost(cmd.epsilon, cmd.delta or 0.0)
     if cmd.action == "grant":
         status = engine.ledger.grant(cmd.account, amount, by=f"analyst:{analyst}")
     else:
-        status = engine.ledger.set_budget(cmd.account, amount, by=f"analyst:{analyst}")
+        status = engine.ledger.set_budget(cmd.account, amount, by=f"analyst:{analyst}",
+                                          keep_delta=cmd.delta is None)
     logging.getLogger("dpproxy.server").info("admin %s: %s %s ε=%g δ=%g", analyst, cmd.action,
-                                             cmd.account, cmd.epsilon, cmd.delta)
+                                             cmd.account, cmd.epsilon, status.budget.delta)
     return Result(BUDGET_COLUMNS, [_row(status)], "CALL", BUDGET_TYPES)

@@ -18,7 +18,9 @@ from typing import Any, TextIO
 class AuditRecord:
     analyst: str
     statement: str
-    outcome: str  # "released", "answered", "rejected", "failed"
+    # "released", "answered", "rejected", "failed"; over the wire also "admin" (a budget
+    # command run) and "catalog" (a client's catalog query answered from the policy)
+    outcome: str
     sqlstate: str | None = None
     epsilon: float = 0.0
     delta: float = 0.0

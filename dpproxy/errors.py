@@ -30,6 +30,7 @@ class Error(Exception):
         self.detail = detail
         self.hint = hint
         self.position = position  # 1-based character offset into the statement, if known
+        self.audited = False  # its statement's audit record is written already
 
     def __str__(self) -> str:
         parts = [self.message]

@@ -422,8 +422,9 @@ class Session:
             self._audit(statement.text, "answered", rows=len(result.rows))
             return result
         except errors.Error as exc:
-            outcome = "failed" if isinstance(exc, errors.BackendError) else "rejected"
-            self._audit(statement.text, outcome, exc)
+            if not exc.audited:  # a charged failure was recorded with its charge
+                outcome = "failed" if isinstance(exc, errors.BackendError) else "rejected"
+                self._audit(statement.text, outcome, exc)
             raise
 
     def _audit(self, text: str, outcome: str, exc: errors.Error | None = None, **extra: Any
@@ -615,6 +616,7 @@ class Session:
             self.engine.ledger.drop_claim(self.analyst.name, key, charge.charge_id)
             self._audit(analysis.statement, "failed", exc, epsilon=plan.cost.epsilon,
                         delta=plan.cost.delta, charge_id=charge.charge_id)
+            exc.audited = True
             raise
         released = release(plan, exact_rows)
         del exact_rows

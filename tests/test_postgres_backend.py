@@ -9,6 +9,7 @@ exposes.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 import os
 from collections.abc import Iterator
@@ -506,6 +507,25 @@ def test_sessions_take_work_mem_from_the_policy(scratch: str, tmp_path: Path,
         assert backend.run_aggregate("SHOW work_mem") == [(expected or server[0],)]
     finally:
         backend.close()
+
+
+def test_a_failure_after_the_charge_is_audited_once_with_its_charge(
+        scratch: str, tmp_path: Path) -> None:
+    """The table is dropped after the engine opened: the query is charged, then fails in
+    the backend, and the audit log holds one record of it, with its cost and charge."""
+    policy = tmp_path / "p.toml"
+    policy.write_text(f'[backend]\nkind = "postgres"\ndsn = "{scratch}"\n'
+                      '[tables.secret]\n[tables.secret.columns]\nn = { type = "int" }\n'
+                      '[analysts.a]\nbudget = { epsilon = 1.0 }\ntables = ["secret"]\n')
+    with Engine.from_path(policy) as engine:
+        with psycopg.connect(scratch, autocommit=True) as con:
+            con.execute("DROP TABLE secret")
+        with pytest.raises(errors.BackendError):
+            engine.session("a").execute("SELECT COUNT(*) FROM secret")
+        assert engine.audit.path is not None
+        records = [json.loads(line) for line in engine.audit.path.read_text().splitlines()]
+    assert [(r["outcome"], r["charge_id"] is not None) for r in records] == [("failed", True)]
+    assert records[0]["epsilon"] > 0
 
 
 def test_statement_timeout_is_enforced_by_the_server(scratch: str) -> None:

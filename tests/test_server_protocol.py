@@ -4,6 +4,7 @@ concurrency and shutdown. Every wait is bounded; nothing asserts on time."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -354,6 +355,16 @@ def test_admin_commands(serve: ServeFactory) -> None:
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(command)
     assert served.engine.ledger.status("analyst:alice").budget.epsilon == 6.0
+    with psycopg.connect(served.dsn(), autocommit=True) as conn:
+        conn.execute("SELECT table_name FROM information_schema.tables").fetchall()
+    assert served.engine.audit.path is not None
+    records = [json.loads(line) for line in served.engine.audit.path.read_text().splitlines()]
+    admin_runs = [r for r in records if r["outcome"] == "admin"]
+    assert [r["analyst"] for r in admin_runs] == ["admin"] * 4
+    assert "dpproxy.set_budget('alice', 6.0)" in admin_runs[-1]["statement"]
+    refused = [r for r in records if r["outcome"] == "rejected" and "dpproxy" in r["statement"]]
+    assert [(r["analyst"], r["sqlstate"]) for r in refused] == [("alice", "42501")] * 2
+    assert any(r["outcome"] == "catalog" and r["analyst"] == "alice" for r in records)
 
 
 # cancel, timeouts, disconnects -------------------------------------------------------------------

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import __version__, errors
+from ..audit import AuditRecord
 from ..parse import split_statements
 from ..session import Description, Result
 from . import admin, codec, paramtypes
@@ -554,15 +555,27 @@ class ClientConnection:
                 hint=f"server.statement_timeout_s is {timeout:g}")
 
     def _run_statement(self, text: str, params: list[Any] | None) -> Result:
-        """Worker thread: admin command, catalog query, or the session."""
+        """Worker thread: admin command, catalog query, or the session (which writes its own
+        audit records; the other two are audited here)."""
         assert self._session is not None
-        command = admin.command(text, params)
-        if command is not None:
-            return admin.run(command, self.server.engine, self.user, self._role)
-        answer = self._catalog.answer(text, params) if self._catalog is not None else None
+        try:
+            command = admin.command(text, params)
+            if command is not None:
+                result = admin.run(command, self.server.engine, self.user, self._role)
+                self._audit(text, "admin", rows=len(result.rows))
+                return result
+            answer = self._catalog.answer(text, params) if self._catalog is not None else None
+        except errors.Error as exc:  # a refused admin command above all: who tried what
+            self._audit(text, "rejected", sqlstate=exc.sqlstate)
+            raise
         if answer is not None:
+            self._audit(text, "catalog", rows=len(answer.rows))
             return answer
         return self._session.execute(text, params)
+
+    def _audit(self, text: str, outcome: str, **extra: Any) -> None:
+        self.server.engine.audit.write(AuditRecord(analyst=self.user, statement=text,
+                                                   outcome=outcome, **extra))
 
     def _describe_statement(self, text: str, oids: Sequence[int],
                             params: list[Any] | None) -> Description:

@@ -139,6 +139,12 @@ class PrivacyViolation(ProgrammingError):
     sqlstate = "42501"
 
 
+class ProgramLimitExceeded(OperationalError):
+    """A limit of the server (here: the most rows a result may have)."""
+
+    sqlstate = "54000"
+
+
 class NotSupportedError(DatabaseError):
     """Valid SQL that dpproxy does not (yet) answer privately."""
 

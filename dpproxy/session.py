@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import threading
 import time
@@ -326,6 +327,9 @@ class Session:
         for name, value in options.items():
             self.set_option(name, value)
         self.client_settings: dict[str, str] = {}
+        # most rows a result may have (the wire server's max_result_rows), None: no limit;
+        # a query sure to exceed it is refused before it is charged
+        self.max_result_rows: int | None = None
         self._last_loss: Loss | None = None
         # (options, data version, the answer key's JSON after its query: see _cache_key)
         self._key_parts: tuple[QueryOptions, str, str] | None = None
@@ -574,6 +578,7 @@ class Session:
                           planned.output_types, accuracy=tuple(None for _ in row),
                           intervals=[tuple(None for _ in row)])
         plan = planned
+        self._check_result_rows(plan.analysis)
         names = tuple(o.name for o in plan.analysis.outputs)
         self.engine.remember_output_names(statement, names)
         if not plan.reads_data:  # public keys only: nothing private is read, nothing charged
@@ -596,6 +601,21 @@ class Session:
         raise errors.OperationalError(
             "an identical query by the same analyst is still being answered",
             hint="retry in a moment: repeats of a query return its first answer")
+
+    def _check_result_rows(self, analysis: Analysis) -> None:
+        """Refuse, for free, a query whose groups are all public and more than the result
+        may have rows (HAVING can only remove some, LIMIT caps them)."""
+        if self.max_result_rows is None or any(k.values is None for k in analysis.keys):
+            return
+        rows = math.prod(len(k.values or ()) for k in analysis.keys)
+        rows = max(0, rows - analysis.offset)
+        if analysis.limit is not None:
+            rows = min(rows, analysis.limit)
+        if rows > self.max_result_rows:
+            raise errors.ProgramLimitExceeded(
+                f"the result would have up to {rows} rows, more than this server allows "
+                f"({self.max_result_rows}); nothing was charged",
+                hint="add LIMIT, or raise server.max_result_rows in the policy")
 
     def _charge_and_release(self, plan: QueryPlan, key: str,
                             shaped: tuple[Rewritten, tuple[object, ...]] | None = None

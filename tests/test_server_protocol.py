@@ -570,10 +570,20 @@ def test_idle_timeout(serve: ServeFactory) -> None:
 
 
 def test_max_result_rows(serve: ServeFactory) -> None:
-    with psycopg.connect(serve(max_result_rows=5).dsn(), autocommit=True) as conn:
-        with pytest.raises(psycopg.errors.ProgramLimitExceeded, match="add LIMIT"):
+    """Public keys: the row count is known before anything runs, so the refusal is free.
+    Private keys: the count is known only once released, so it is charged and withheld."""
+    served = serve(max_result_rows=5)
+    before = served.engine.ledger.status("analyst:alice").spent
+    with psycopg.connect(served.dsn(), autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.ProgramLimitExceeded, match="nothing was charged"):
             conn.execute(ACCEPTED)
+        assert served.engine.ledger.status("analyst:alice").spent == before
         assert len(conn.execute(ACCEPTED + " LIMIT 5").fetchall()) == 5
+        assert len(conn.execute(ACCEPTED + " LIMIT 5 OFFSET 10").fetchall()) == 4
+        spent = served.engine.ledger.status("analyst:alice").spent
+        with pytest.raises(psycopg.errors.ProgramLimitExceeded, match="withheld"):
+            conn.execute("SELECT age, COUNT(*) FROM adult GROUP BY age")
+        assert served.engine.ledger.status("analyst:alice").spent.epsilon > spent.epsilon
 
 
 # concurrency and shutdown ----------------------------------------------------------------------

@@ -434,6 +434,7 @@ class ClientConnection:
         analyst = policy.analysts[user]
         self._role = analyst.role
         self._session = self.server.engine.session(user)
+        self._session.max_result_rows = self.server.settings.max_result_rows
         if parameters.get("application_name"):  # for SHOW and current_setting()
             self._session.client_settings["application_name"] = parameters["application_name"]
         try:

@@ -811,6 +811,67 @@ def test_psql_regex_operator_collate_and_like_escape(catalog: Catalog) -> None:
     assert escaped is not None and escaped.rows == [("information_schema",), ("pg_catalog",)]
 
 
+# psql 15's \d+ adds to \d's table query the options (toast ones through a correlated
+# `pg_catalog.unnest`) and to its column query storage, compression and statistics target.
+PSQL_D_PLUS_TABLE = (
+    "SELECT c.relchecks, c.relkind, c.relhasindex, c.relhasrules, c.relhastriggers, "
+    "c.relrowsecurity, c.relforcerowsecurity, false AS relhasoids, c.relispartition, "
+    "pg_catalog.array_to_string(c.reloptions || array(select 'toast.' || x from "
+    "pg_catalog.unnest(tc.reloptions) x), ', ')\n, c.reltablespace, CASE WHEN c.reloftype = 0 "
+    "THEN '' ELSE c.reloftype::pg_catalog.regtype::pg_catalog.text END, c.relpersistence, "
+    "c.relreplident, am.amname\nFROM pg_catalog.pg_class c\n LEFT JOIN pg_catalog.pg_class tc "
+    "ON (c.reltoastrelid = tc.oid)\nLEFT JOIN pg_catalog.pg_am am ON (c.relam = am.oid)\n"
+    "WHERE c.oid = '{oid}';")
+PSQL_D_PLUS_COLUMNS = (
+    "SELECT a.attname,\n  pg_catalog.format_type(a.atttypid, a.atttypmod),\n"
+    "  (SELECT pg_catalog.pg_get_expr(d.adbin, d.adrelid, true)\n"
+    "   FROM pg_catalog.pg_attrdef d\n"
+    "   WHERE d.adrelid = a.attrelid AND d.adnum = a.attnum AND a.atthasdef),\n"
+    "  a.attnotnull,\n"
+    "  (SELECT c.collname FROM pg_catalog.pg_collation c, pg_catalog.pg_type t\n"
+    "   WHERE c.oid = a.attcollation AND t.oid = a.atttypid AND a.attcollation <> "
+    "t.typcollation) AS attcollation,\n"
+    "  a.attidentity,\n  a.attgenerated,\n  a.attstorage,\n"
+    "  a.attcompression AS attcompression,\n"
+    "  CASE WHEN a.attstattarget=-1 THEN NULL ELSE a.attstattarget END AS attstattarget,\n"
+    "  pg_catalog.col_description(a.attrelid, a.attnum)\n"
+    "FROM pg_catalog.pg_attribute a\n"
+    "WHERE a.attrelid = '{oid}' AND a.attnum > 0 AND NOT a.attisdropped\n"
+    "ORDER BY a.attnum;")
+
+
+def test_psql_d_plus_adult_is_a_catalog_query(catalog: Catalog,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    found = catalog.answer("SELECT 'adult'::regclass::oid")
+    assert found is not None
+    oid = found.rows[0][0]
+    with caplog.at_level(logging.WARNING, logger="dpproxy.catalog"):
+        table = catalog.answer(PSQL_D_PLUS_TABLE.format(oid=oid))
+        columns = catalog.answer(PSQL_D_PLUS_COLUMNS.format(oid=oid))
+    assert not [r for r in caplog.records if r.name == "dpproxy.catalog"]
+    assert table is not None and shape(table) == [
+        "relchecks:21", "relkind:18", "relhasindex:16", "relhasrules:16", "relhastriggers:16",
+        "relrowsecurity:16", "relforcerowsecurity:16", "relhasoids:16", "relispartition:16",
+        "array_to_string:25", "reltablespace:26", "reloftype:25", "relpersistence:18",
+        "relreplident:18", "amname:19"]
+    assert (table.rows[0][1], table.rows[0][9] or "", table.rows[0][-1]) == ("r", "", "heap")
+    assert columns is not None and shape(columns) == [
+        "attname:19", "format_type:25", "pg_get_expr:25", "attnotnull:16", "attcollation:19",
+        "attidentity:18", "attgenerated:18", "attstorage:18", "attcompression:18",
+        "attstattarget:23", "col_description:25"]
+    assert [(r[0], r[7]) for r in columns.rows] == [
+        (c, "x" if c in ("sex", "education", "income", "occupation") else "p")
+        for c in ADULT_COLUMNS]
+
+
+def test_unnest_with_the_catalog_prefix_yields_its_element_type(catalog: Catalog) -> None:
+    result = catalog.answer("SELECT s.x FROM pg_catalog.pg_class c, "
+                            "pg_catalog.unnest(ARRAY[c.relname]) AS s(x) "
+                            "WHERE c.relname = 'adult'")
+    assert result is not None
+    assert (result.columns, result.types, result.rows) == (("x",), ("name",), [("adult",)])
+
+
 # -- drivers and ORMs ------------------------------------------------------------------------
 
 def test_asyncpg_type_introspection_returns_the_requested_types(catalog: Catalog) -> None:
@@ -881,6 +942,30 @@ def test_version_settings_and_session_functions(policy: Policy) -> None:
     with pytest.raises(Exception, match="unrecognized configuration parameter") as raised:
         catalog.answer("SELECT current_setting('no_such_setting')")
     assert getattr(raised.value, "sqlstate", None) == "42704"
+
+
+@pytest.mark.parametrize(("setting", "value"), [
+    ("default_table_access_method", "heap"),  # SQLAlchemy's table reflection
+    ("default_tablespace", ""),  # pgAdmin's database properties
+    ("password_encryption", "scram-sha-256"),  # libpq's PQencryptPasswordConn
+])
+def test_settings_clients_read_have_postgres_values(catalog: Catalog, setting: str,
+                                                    value: str) -> None:
+    for sql in (f"SELECT current_setting('{setting}')", f"SHOW {setting}",
+                f"SELECT setting FROM pg_settings WHERE name = '{setting}'"):
+        result = catalog.answer(sql)
+        assert result is not None and result.rows == [(value,)], sql
+
+
+def test_current_setting_of_a_parameter(catalog: Catalog) -> None:
+    # psycopg casts its parameters (`$1::VARCHAR`); Describe runs before any are bound
+    for sql in ("SELECT current_setting($1)", "SELECT current_setting($1::VARCHAR)"):
+        described = catalog.describe(sql)
+        assert described is not None and described.types == ("text",)
+        result = catalog.answer(sql, ["default_table_access_method"])
+        assert result is not None and result.rows == [("heap",)]
+    unset = catalog.answer("SELECT current_setting(NULL)")
+    assert unset is not None and unset.rows == [(None,)]
 
 
 def test_reg_casts_resolve_names_and_oids(catalog: Catalog) -> None:

@@ -69,6 +69,15 @@ def test_psql(serve: ServeFactory, tmp_path: Path) -> None:
 
 
 @needs_psql
+def test_psql_describe_plus(serve: ServeFactory) -> None:
+    # \d+ reads the table's options through `pg_catalog.unnest` in a subquery: catalog too
+    described = _psql(serve(), "-c", r"\d+ adult")
+    assert described.returncode == 0, described.stderr
+    assert "Storage" in described.stdout and "extended" in described.stdout
+    assert "Access method: heap" in described.stdout
+
+
+@needs_psql
 def test_psql_wrong_password(serve: ServeFactory) -> None:
     failed = _psql(serve(), "-c", "SELECT 1", password="nope")
     assert failed.returncode != 0
@@ -220,6 +229,41 @@ def test_sqlalchemy_and_pandas(serve: ServeFactory) -> None:
             assert (getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)) == "42501"
         finally:
             engine.dispose()
+
+
+def test_sqlalchemy_reflects_a_table(serve: ServeFactory) -> None:
+    sqlalchemy = pytest.importorskip("sqlalchemy")
+    served = serve()
+    for driver in ("psycopg2", "psycopg"):
+        engine = sqlalchemy.create_engine(
+            f"postgresql+{driver}://alice:{PASSWORD}@127.0.0.1:{served.port}/demo")
+        try:
+            # reflection compares pg_am.amname with current_setting('default_table_access_method')
+            table = sqlalchemy.Table("adult", sqlalchemy.MetaData(), autoload_with=engine)
+            assert "hours_per_week" in table.columns
+            assert table.columns["occupation"].nullable and not table.columns["age"].nullable
+            with engine.connect() as conn:
+                assert conn.execute(sqlalchemy.select(sqlalchemy.func.current_setting(
+                    "default_table_access_method"))).scalar_one() == "heap"
+        finally:
+            engine.dispose()
+
+
+def test_asyncpg_reads_settings(serve: ServeFactory) -> None:
+    asyncpg = pytest.importorskip("asyncpg")
+    served = serve()
+
+    async def main() -> None:
+        conn = await asyncpg.connect(host="127.0.0.1", port=served.port, user="alice",
+                                     database="demo", password=PASSWORD, ssl=False)
+        try:  # a parameter: described before it is bound
+            assert await conn.fetchval("SELECT current_setting($1)",
+                                       "default_table_access_method") == "heap"
+            assert await conn.fetchval("SHOW password_encryption") == "scram-sha-256"
+        finally:
+            await conn.close()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
 
 
 def test_pandas_with_a_dbapi_connection(serve: ServeFactory) -> None:

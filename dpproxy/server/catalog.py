@@ -526,6 +526,10 @@ _SETTINGS: dict[str, str] = {
     "standard_conforming_strings": "on", "statement_timeout": "0", "TimeZone": "UTC",
     "timezone_abbreviations": "Default", "transaction_deferrable": "off",
     "transaction_isolation": "read committed", "transaction_read_only": "on",
+    # read by clients beyond the startup parameters: SQLAlchemy's table reflection, pgAdmin's
+    # database properties, libpq's PQencryptPasswordConn (psql's \password)
+    "default_table_access_method": "heap", "default_tablespace": "",
+    "password_encryption": "scram-sha-256",
 }
 # SHOW's multi-word spellings.
 _SHOW_ALIASES = {"transaction isolation level": "transaction_isolation",
@@ -996,7 +1000,8 @@ def _ancestors(node: exp.Expression) -> Iterable[exp.Expression]:
         parent = parent.parent
 
 
-_TABLE_FUNCTIONS = (exp.ExplodingGenerateSeries, exp.GenerateSeries, exp.Unnest)
+# `pg_catalog.unnest(…)` parses as Explode, plain `unnest(…)` as Unnest.
+_TABLE_FUNCTIONS = (exp.ExplodingGenerateSeries, exp.GenerateSeries, exp.Unnest, exp.Explode)
 
 
 def _route(tree: exp.Expression) -> list[str] | None:
@@ -1245,15 +1250,30 @@ class _Typer:
                     return None
                 columns = [(c, t) for c, t in relation.columns]
         elif isinstance(item, exp.Table):  # a table function: one column named by its alias
-            columns = [(item.alias_or_name, "int4")]
+            columns = [(item.alias_or_name, self._table_function_type(item.this))]
         else:
             return None
         alias = item.args.get("alias")
         renamed = [c.name for c in alias.columns] if isinstance(alias, exp.TableAlias) else []
-        if renamed and isinstance(item, exp.Subquery | exp.Lateral):
+        if renamed and (isinstance(item, exp.Subquery | exp.Lateral)
+                        or not isinstance(item.this, exp.Identifier)):
             columns = [(n, columns[i][1] if i < len(columns) else None)
                        for i, n in enumerate(renamed)]
         return columns
+
+    def _table_function_type(self, function: exp.Expression) -> str | None:
+        """The type of the column a table function yields: unnest's element type, else
+        generate_series's int4."""
+        if not isinstance(function, exp.Explode):
+            return "int4"
+        key = id(function)
+        if key in self._busy:  # typing its argument looked through the same FROM list
+            return None
+        self._busy.add(key)
+        try:
+            return _element_type(self.type_of(function.this))
+        finally:
+            self._busy.discard(key)
 
     def column_type(self, column: exp.Column) -> str | None:
         for ancestor in _ancestors(column):
@@ -1749,12 +1769,14 @@ class Catalog:
         if name == "pg_backend_pid":
             return exp.cast(exp.Literal.number(self.backend_pid), "INTEGER")
         values: list[Any] = []
-        for arg in node.expressions:
+        for arg in map(_uncast, node.expressions):
             if not isinstance(arg, exp.Literal | exp.Null | exp.Boolean):
                 return exp.cast(exp.Null(), "VARCHAR")  # a setting named by the data: none
             values.append(None if isinstance(arg, exp.Null) else arg.this)
         if not values:
             return node
+        if values[0] is None:  # strict, as in PostgreSQL; also what Describe's NULLs get
+            return exp.cast(exp.Null(), "VARCHAR")
         setting = str(values[0])
         if name == "set_config":
             value = None if len(values) < 2 or values[1] is None else str(values[1])
@@ -1768,6 +1790,13 @@ class Catalog:
                 raise UndefinedObject(f'unrecognized configuration parameter "{setting}"',
                                       hint="dpproxy's own options: SHOW dpproxy.epsilon …")
         return exp.cast(to_literal(current), "VARCHAR")
+
+
+def _uncast(node: exp.Expression) -> exp.Expression:
+    """What a cast wraps: psycopg's `current_setting($1::VARCHAR)` binds a cast literal."""
+    while isinstance(node, exp.Cast):
+        node = node.this
+    return node
 
 
 def _duck_result_type(duck: str) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import errors
-from .policy import Policy, load_policy
+from .policy import Policy, check_policy, load_policy
 from .session import Engine, Result, open_ledger
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
@@ -209,7 +209,11 @@ def cmd_budget_history(args: argparse.Namespace) -> int:
 
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
-    policy = load_policy(args.file)
+    policy, problems = check_policy(args.file)
+    for problem in problems:  # every one, a line each: other commands stop at the first
+        print(f"ERROR {problem.sqlstate}: {problem}", file=sys.stderr)
+    if policy is None:
+        return 1
     private = [t.name for t in policy.tables.values() if not t.public]
     public = [t.name for t in policy.tables.values() if t.public]
     print(f"{args.file}: OK — backend {policy.backend.kind}, {len(private)} private table(s) "

@@ -1,8 +1,9 @@
 """Policy files: which tables an analyst may query, how each is protected, and budgets.
 
 A policy is TOML (SPEC §3). `load_policy` validates everything up front; every
-error names the file, the dotted field (``tables.adult.columns.age.lower``) and
-what is allowed, so a typo fails at load time rather than at query time.
+error names the file, the line and column of the key (dpproxy.policy_lines), the
+dotted field (``tables.adult.columns.age.lower``) and what is allowed, so a typo
+fails at load time rather than at query time. `check_policy` lists all the errors.
 Relative paths in the file are relative to the file's own folder.
 """
 
@@ -18,14 +19,15 @@ import math
 import os
 import re
 import tomllib
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn, TypeVar
 
 from .errors import InvalidPolicy
 from .local import RandomizedResponse, UnaryEncoding
+from .policy_lines import KeyPath, Position, key_positions
 
 ColumnType = Literal["int", "float", "text", "date", "bool"]
 MechanismName = Literal["laplace", "gaussian"]
@@ -38,6 +40,7 @@ ROLES: tuple[str, ...] = ("analyst", "admin")
 LDP_MECHANISMS: tuple[str, ...] = ("randomized_response", "unary")
 MEMBERSHIP: tuple[str, ...] = ("private", "public")
 LocalDP = RandomizedResponse | UnaryEncoding
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -260,18 +263,86 @@ def with_storage(policy: Policy, types: Mapping[tuple[str, str], str]) -> Policy
     return replace(policy, tables=tables)
 
 
-class _Checker:
-    """Reads one TOML table with type checks; errors carry file and dotted path."""
+class _Skipped(Exception):
+    """A check that depends on a part of the policy whose error is already recorded."""
 
-    def __init__(self, file: Path, where: str, data: Mapping[str, Any], allowed: set[str]) -> None:
-        self.file, self.where, self.data = file, where, data
-        unknown = sorted(set(data) - allowed)
+
+@dataclass
+class _Source:
+    """The policy being checked: its file and text, and the errors found."""
+
+    file: Path
+    text: str | None  # None: decoded elsewhere, so errors name no line
+    problems: list[InvalidPolicy] = field(default_factory=list)
+    # where each error raised by _Checker.fail points, to list them in file order
+    lines: dict[InvalidPolicy, Position] = field(default_factory=dict)
+
+    @functools.cached_property
+    def positions(self) -> Mapping[KeyPath, Position]:
+        """Where each key is written; scanned at the first error, as valid files need none."""
+        return key_positions(self.text) if self.text is not None else {}
+
+    def part(self, check: Callable[[], T]) -> T | None:
+        """check()'s result, or None when it failed: its error is recorded (or it depends on
+        a part whose error is). Parts that do not depend on each other are all checked, so
+        one pass over a file finds the errors of each."""
+        try:
+            return check()
+        except InvalidPolicy as exc:
+            self.problems.append(exc)
+        except _Skipped:
+            pass
+        return None
+
+    def each(self, names: Iterable[str], check: Callable[[str], T]) -> dict[str, T]:
+        """check(name) for each name, each a part; the results of those that passed."""
+        results = {}
+        for name in names:
+            result = self.part(functools.partial(check, name))
+            if result is not None:
+                results[name] = result
+        return results
+
+    def in_file_order(self) -> list[InvalidPolicy]:
+        """The errors by line; those without one first (they concern the whole file)."""
+        return sorted(self.problems, key=lambda exc: self.lines.get(exc, (0, 0)))
+
+
+class _Checker:
+    """Reads one TOML table with type checks; errors carry file, line and dotted path."""
+
+    def __init__(self, source: _Source, path: tuple[str, ...], data: Mapping[str, Any],
+                 allowed: set[str] | None) -> None:
+        self.source, self.path, self.data = source, path, data
+        if allowed is not None:
+            self.allow(allowed)
+
+    def allow(self, allowed: set[str]) -> None:
+        unknown = sorted(set(self.data) - allowed)
         if unknown:
             self.fail(unknown[0], f"unknown field; allowed fields: {', '.join(sorted(allowed))}")
 
-    def fail(self, key: str | None, problem: str) -> None:
-        dotted = f"{self.where}.{key}" if key and self.where else (key or self.where or "top level")
-        raise InvalidPolicy(f"{self.file}: {dotted}: {problem}")
+    def child(self, key: str, data: Mapping[str, Any], allowed: set[str] | None) -> _Checker:
+        return _Checker(self.source, (*self.path, key), data, allowed)
+
+    def fail(self, key: str | None, problem: str, *, item: int | None = None) -> NoReturn:
+        """Raise the error about `key` (None: this table), or about one item of its array."""
+        dotted = ".".join((*self.path, key) if key else self.path) or "top level"
+        position = self._position(key, item)
+        line = f":{position[0]}:{position[1]}" if position else ""
+        error = InvalidPolicy(f"{self.source.file}{line}: {dotted}: {problem}")
+        if position:
+            self.source.lines[error] = position
+        raise error
+
+    def _position(self, key: str | None, item: int | None) -> Position | None:
+        """Where the item or key is written; a key that is absent belongs in this table."""
+        positions = self.source.positions
+        if key is None or key not in self.data:
+            return positions.get(self.path)
+        if item is not None and (*self.path, key, item) in positions:
+            return positions[(*self.path, key, item)]
+        return positions.get((*self.path, key))
 
     def get(self, key: str, kind: type | tuple[type, ...], default: Any = None,
             required: bool = False) -> Any:
@@ -308,11 +379,12 @@ class _Checker:
             self.fail(key, f"must be one of {', '.join(map(repr, options))}, got {value!r}")
         return value
 
-    def sub(self, key: str, allowed: set[str], required: bool = False) -> _Checker | None:
+    def sub(self, key: str, allowed: set[str] | None, required: bool = False
+            ) -> _Checker | None:
         value = self.get(key, dict, None, required)
         if value is None:
             return None
-        return _Checker(self.file, f"{self.where}.{key}" if self.where else key, value, allowed)
+        return self.child(key, value, allowed)
 
 
 def _kind_name(kind: type | tuple[type, ...]) -> str:
@@ -348,17 +420,17 @@ def _date_value(col: _Checker, index: int, value: Any) -> str:
             return dt.date.fromisoformat(value).isoformat()
         except ValueError:
             pass
-    col.fail("public_values", f"item {index} ({value!r}) is not a date (YYYY-MM-DD)")
+    col.fail("public_values", f"item {index} ({value!r}) is not a date (YYYY-MM-DD)",
+             item=index)
     raise AssertionError  # fail() raised
 
 
-def _column(table: _Checker, name: str) -> ColumnPolicy:
+def _column(table: _Checker, name: str, public_table: bool) -> ColumnPolicy:
     spec = table.data[name]
     if not isinstance(spec, dict):
         table.fail(name, "expected a table such as { type = \"int\", lower = 0, upper = 100 }")
-    col = _Checker(table.file, f"{table.where}.{name}", spec,
-                   {"type", "lower", "upper", "public_values", "public_range", "nullable",
-                    "ldp", "unique"})
+    col = table.child(name, spec, {"type", "lower", "upper", "public_values", "public_range",
+                                   "nullable", "ldp", "unique"})
     ctype = col.choice("type", COLUMN_TYPES, "")
     lower, upper = col.number("lower"), col.number("upper")
     if (lower is None) != (upper is None):
@@ -375,7 +447,8 @@ def _column(table: _Checker, name: str) -> ColumnPolicy:
         allowed = _VALUE_TYPES[ctype]
         for i, value in enumerate(values):
             if not isinstance(value, allowed) or (isinstance(value, bool) and ctype != "bool"):
-                col.fail("public_values", f"item {i} ({value!r}) is not a {ctype} value")
+                col.fail("public_values", f"item {i} ({value!r}) is not a {ctype} value",
+                         item=i)
         if len(set(values)) != len(values):
             col.fail("public_values", "values must be distinct")
         if not values:
@@ -391,6 +464,9 @@ def _column(table: _Checker, name: str) -> ColumnPolicy:
         col.fail("ldp", "a local-DP column holds randomized reports: it has no bounds and no "
                  "public_values or public_range")
     unique = col.get("unique", bool, False)
+    if unique and not public_table:
+        col.fail("unique", "unique applies to columns of public lookup tables (join keys); a "
+                 "private table's values are not claimed in the policy")
     return ColumnPolicy(name, ctype, lower, upper, public, nullable,  # type: ignore[arg-type]
                         ldp, public_range, unique)
 
@@ -466,7 +542,7 @@ def _local_dp(col: _Checker, ctype: str) -> LocalDP:
         domain = sub.get("domain", list, required=True)
         for i, value in enumerate(domain):
             if not isinstance(value, _VALUE_TYPES[ctype]) or isinstance(value, bool):
-                sub.fail("domain", f"item {i} ({value!r}) is not a {ctype} value")
+                sub.fail("domain", f"item {i} ({value!r}) is not a {ctype} value", item=i)
         rest = sorted(set(given) - {"domain"})
         if rest == ["p", "q"]:
             return UnaryEncoding(tuple(domain), sub.number("p") or 0.0, sub.number("q") or 0.0)
@@ -486,16 +562,16 @@ def _local_dp(col: _Checker, ctype: str) -> LocalDP:
 def _table(top: _Checker, name: str, spec: Any) -> TablePolicy:
     if not isinstance(spec, dict):
         top.fail(name, "expected a table")
-    t = _Checker(top.file, f"tables.{name}", spec,
-                 {"public", "privacy_unit", "max_groups_per_unit", "max_rows_per_unit",
-                  "total_budget", "columns", "membership"})
+    t = top.child(name, spec, {"public", "privacy_unit", "max_groups_per_unit",
+                               "max_rows_per_unit", "total_budget", "columns", "membership"})
     public = t.get("public", bool, False)
-    cols = t.sub("columns", set(spec.get("columns", {})) if isinstance(spec.get("columns"), dict)
-                 else set(), required=True)
+    cols = t.sub("columns", None, required=True)
     assert cols is not None
     if not cols.data:
         t.fail("columns", "list at least one column")
-    columns = {cname: _column(cols, cname) for cname in cols.data}
+    columns = t.source.each(cols.data, lambda cname: _column(cols, cname, public))
+    if len(columns) < len(cols.data):
+        raise _Skipped  # the checks below read the columns
     unit = t.get("privacy_unit", str)
     if unit is not None and unit not in columns:
         t.fail("privacy_unit", f"{unit!r} is not a declared column; columns: {', '.join(columns)}")
@@ -511,10 +587,6 @@ def _table(top: _Checker, name: str, spec: Any) -> TablePolicy:
         t.fail("privacy_unit", f"{unit!r} is a local-DP column")
     if public and any(c.ldp is not None for c in columns.values()):
         t.fail("public", "a public table cannot hold local-DP columns")
-    if not public and any(c.unique for c in columns.values()):
-        claimed = next(c.name for c in columns.values() if c.unique)
-        t.fail(f"columns.{claimed}.unique", "unique applies to columns of public lookup tables "
-               "(join keys); a private table's values are not claimed in the policy")
     return TablePolicy(name, columns, public, unit, groups, rows, _budget(t, "total_budget"),
                        membership)
 
@@ -534,22 +606,33 @@ def _is_scram_verifier(text: str) -> bool:
         return False
 
 
-def _analyst(top: _Checker, name: str, spec: Any, tables: Mapping[str, TablePolicy]
-             ) -> AnalystPolicy:
+def _analysts(top: _Checker, declared: Collection[str], tables: Mapping[str, TablePolicy]
+              ) -> dict[str, AnalystPolicy]:
+    """The `[analysts.<name>]` sections; `declared` names the tables, valid (`tables`) or not."""
+    analysts_raw = top.get("analysts", dict, {})
+    if not analysts_raw:
+        top.fail("analysts", "declare at least one analyst")
+    listed = top.child("analysts", analysts_raw, None)
+    return top.source.each(analysts_raw, lambda name: _analyst(
+        listed, name, analysts_raw[name], declared, tables))
+
+
+def _analyst(top: _Checker, name: str, spec: Any, declared: Collection[str],
+             tables: Mapping[str, TablePolicy]) -> AnalystPolicy:
     if not isinstance(spec, dict):
         top.fail(name, "expected a table")
-    a = _Checker(top.file, f"analysts.{name}", spec,
-                 {"role", "tables", "budget", "password_scram"})
+    a = top.child(name, spec, {"role", "tables", "budget", "password_scram"})
     role = a.choice("role", ROLES, "analyst")
     granted = a.get("tables", list, [])
-    for table in granted:
+    for i, table in enumerate(granted):
         if not isinstance(table, str):
-            a.fail("tables", f"must list table names (strings), got {table!r}")
-        if table not in tables:
+            a.fail("tables", f"must list table names (strings), got {table!r}", item=i)
+        if table not in declared:
             a.fail("tables", f"{table!r} is not a table of this policy; tables: "
-                   f"{', '.join(tables) or 'none'}")
+                   f"{', '.join(declared) or 'none'}", item=i)
     budget = _budget(a, "budget")
-    if budget is None and any(not tables[t].public for t in granted):
+    # a granted table with errors of its own is left out: whether it is public is unknown
+    if budget is None and any(t in tables and not tables[t].public for t in granted):
         a.fail("budget", "an analyst granted private tables needs a budget = { epsilon = …, "
                "delta = … }")
     scram = a.get("password_scram", str)
@@ -590,11 +673,35 @@ def _server(top: _Checker, base: Path) -> ServerSettings:
         max_result_rows=limits["max_result_rows"])
 
 
+TOP_LEVEL: set[str] = {"database", "backend", "privacy", "tables", "analysts", "ledger",
+                       "audit", "server"}
+
+
 def load_policy(path: str | Path) -> Policy:
-    """Load and validate a policy file."""
+    """Load and validate a policy file; raises the first of the errors `check_policy` lists."""
+    policy, problems = check_policy(path)
+    if policy is None:
+        raise problems[0]
+    return policy
+
+
+def check_policy(path: str | Path) -> tuple[Policy | None, list[InvalidPolicy]]:
+    """Validate a policy file: the policy (None if invalid) and its errors in file order.
+    Each section, table, column and analyst is checked and reports its first error."""
     file = Path(path)
     try:
-        raw = tomllib.loads(file.read_text(encoding="utf-8"))
+        text = _read(file)
+        raw = tomllib.loads(text)
+    except InvalidPolicy as exc:
+        return None, [exc]
+    except tomllib.TOMLDecodeError as exc:
+        return None, [InvalidPolicy(f"{file}: not valid TOML: {exc}")]
+    return _validate(raw, file, text)
+
+
+def _read(file: Path) -> str:
+    try:
+        return file.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InvalidPolicy(f"{file}: no such policy file") from None
     except UnicodeDecodeError as exc:
@@ -602,18 +709,49 @@ def load_policy(path: str | Path) -> Policy:
                             ) from None
     except OSError as exc:
         raise InvalidPolicy(f"{file}: cannot read the policy file: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InvalidPolicy(f"{file}: not valid TOML: {exc}") from None
-    return parse_policy(raw, file)
 
 
-def parse_policy(raw: Mapping[str, Any], file: Path) -> Policy:
-    """Validate an already-decoded policy; `file` anchors relative paths and messages."""
+def parse_policy(raw: Mapping[str, Any], file: Path, text: str | None = None) -> Policy:
+    """Validate an already-decoded policy; `file` anchors relative paths and messages, and
+    `text`, the TOML `raw` was read from, gives the messages their lines."""
+    policy, problems = _validate(raw, file, text)
+    if policy is None:
+        raise problems[0]
+    return policy
+
+
+def _validate(raw: Mapping[str, Any], file: Path, text: str | None
+              ) -> tuple[Policy | None, list[InvalidPolicy]]:
+    source = _Source(file, text)
+    part = source.part
     base = file.resolve().parent
-    top = _Checker(file, "", raw, {"database", "backend", "privacy", "tables", "analysts",
-                                   "ledger", "audit", "server"})
-    database = top.get("database", str, file.stem)
+    top = _Checker(source, (), raw, None)
+    part(lambda: top.allow(TOP_LEVEL))
+    database = part(lambda: top.get("database", str, file.stem))
+    backend = part(lambda: _backend(top, base))
+    privacy = part(lambda: _privacy(top))
+    tables_raw = part(lambda: top.get("tables", dict, {}))
+    tables: dict[str, TablePolicy] = {}
+    analysts = None
+    if tables_raw is not None:  # else every grant of a table would be an error too
+        listed = top.child("tables", tables_raw, None)
+        tables = source.each(tables_raw, lambda name: _table(listed, name, tables_raw[name]))
+        analysts = part(lambda: _analysts(top, tables_raw, tables))
+    ledger = part(lambda: _ledger(top, base, file.stem))
+    audit = part(lambda: _audit_path(top, base, file.stem))
+    server = part(lambda: _server(top, base))
+    if source.problems:
+        return None, source.in_file_order()
+    # no problems: every part passed
+    assert database is not None and backend is not None and privacy is not None
+    assert analysts is not None and ledger is not None and audit is not None
+    assert server is not None
+    version = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode())
+    return Policy(file, database, backend, privacy, tables, analysts, ledger[0], audit, server,
+                  version.hexdigest()[:16], ledger[1]), []
 
+
+def _backend(top: _Checker, base: Path) -> BackendConfig:
     be = top.sub("backend", {"kind", "path", "dsn", "demo_seed", "password_env", "passfile",
                              "work_mem"}, required=True)
     assert be is not None
@@ -632,51 +770,49 @@ def parse_policy(raw: Mapping[str, Any], file: Path) -> Policy:
     if work_mem and not _MEMORY.fullmatch(work_mem):
         be.fail("work_mem", f"expected PostgreSQL memory such as \"32MB\" (kB, MB or GB), "
                 f"or \"\" for the server's setting, got {work_mem!r}")
-    backend = BackendConfig(kind, (base / bpath).resolve() if bpath else None, dsn,  # type: ignore[arg-type]
-                            be.get("demo_seed", int), be.get("password_env", str),
-                            (base / passfile).resolve() if passfile else None,
-                            work_mem or None)
+    return BackendConfig(kind, (base / bpath).resolve() if bpath else None, dsn,  # type: ignore[arg-type]
+                         be.get("demo_seed", int), be.get("password_env", str),
+                         (base / passfile).resolve() if passfile else None,
+                         work_mem or None)
 
+
+def _privacy(top: _Checker) -> PrivacyDefaults:
     pr = top.sub("privacy", {"default_epsilon", "default_delta", "mechanism", "accounting",
                              "confidence", "min_units_per_group", "budget_window",
                              "verify_bounds", "selection"})
-    privacy = PrivacyDefaults()
-    if pr is not None:
-        privacy = PrivacyDefaults(
-            default_epsilon=pr.number("default_epsilon", 1.0, low=0.0, low_open=True) or 1.0,
-            default_delta=pr.number("default_delta", 1e-7, low=0.0, high=1.0,
-                                    high_open=True) or 0.0,
-            mechanism=pr.choice("mechanism", MECHANISMS, "laplace"),  # type: ignore[arg-type]
-            accounting=pr.choice("accounting", ACCOUNTING, "basic"),
-            confidence=pr.number("confidence", 0.95, low=0.0, high=1.0, low_open=True,
-                                 high_open=True) or 0.95,
-            min_units_per_group=pr.get("min_units_per_group", int, 0),
-            budget_window=pr.choice("budget_window", BUDGET_WINDOWS, "never"),
-            verify_bounds=pr.get("verify_bounds", bool, True),
-            selection=pr.choice("selection", ("auto", "units", "rows"), "auto"),
-        )
-        if privacy.min_units_per_group < 0:
-            pr.fail("min_units_per_group", "must be a non-negative integer")
+    if pr is None:
+        return PrivacyDefaults()
+    privacy = PrivacyDefaults(
+        default_epsilon=pr.number("default_epsilon", 1.0, low=0.0, low_open=True) or 1.0,
+        default_delta=pr.number("default_delta", 1e-7, low=0.0, high=1.0,
+                                high_open=True) or 0.0,
+        mechanism=pr.choice("mechanism", MECHANISMS, "laplace"),  # type: ignore[arg-type]
+        accounting=pr.choice("accounting", ACCOUNTING, "basic"),
+        confidence=pr.number("confidence", 0.95, low=0.0, high=1.0, low_open=True,
+                             high_open=True) or 0.95,
+        min_units_per_group=pr.get("min_units_per_group", int, 0),
+        budget_window=pr.choice("budget_window", BUDGET_WINDOWS, "never"),
+        verify_bounds=pr.get("verify_bounds", bool, True),
+        selection=pr.choice("selection", ("auto", "units", "rows"), "auto"),
+    )
+    if privacy.min_units_per_group < 0:
+        pr.fail("min_units_per_group", "must be a non-negative integer")
+    return privacy
 
-    tables_raw = top.get("tables", dict, {})
-    tables = {name: _table(_Checker(file, "tables", tables_raw, set(tables_raw)), name, spec)
-              for name, spec in tables_raw.items()}
-    analysts_raw = top.get("analysts", dict, {})
-    if not analysts_raw:
-        top.fail("analysts", "declare at least one analyst")
-    an = _Checker(file, "analysts", analysts_raw, set(analysts_raw))
-    analysts = {name: _analyst(an, name, spec, tables) for name, spec in analysts_raw.items()}
 
+def _ledger(top: _Checker, base: Path, stem: str) -> tuple[Path, SharedLedger | None]:
+    """The SQLite ledger's path (beside the policy by default) and a shared ledger, if any."""
     ledger = top.sub("ledger", {"path", "dsn", "schema", "password_env", "passfile"})
-    ledger_path = (base / (ledger.get("path", str, f"{file.stem}.ledger.sqlite")
-                           if ledger else f"{file.stem}.ledger.sqlite")).resolve()
-    shared = _shared_ledger(ledger, base) if ledger is not None else None
+    if ledger is None:
+        return (base / f"{stem}.ledger.sqlite").resolve(), None
+    path = (base / ledger.get("path", str, f"{stem}.ledger.sqlite")).resolve()
+    return path, _shared_ledger(ledger, base)
+
+
+def _audit_path(top: _Checker, base: Path, stem: str) -> Path:
     audit = top.sub("audit", {"path"})
-    audit_path = (base / (audit.get("path", str, f"{file.stem}.audit.jsonl")
-                          if audit else f"{file.stem}.audit.jsonl")).resolve()
-    version = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode())
-    return Policy(file, database, backend, privacy, tables, analysts, ledger_path, audit_path,
-                  _server(top, base), version.hexdigest()[:16], shared)
+    return (base / (audit.get("path", str, f"{stem}.audit.jsonl") if audit
+                    else f"{stem}.audit.jsonl")).resolve()
 
 
 def _shared_ledger(ledger: _Checker, base: Path) -> SharedLedger | None:

@@ -91,6 +91,25 @@ def test_policy_check_ok_and_broken(tmp_path: Path) -> None:
     assert "broken.toml" in run.stderr and "tables.adult.columns.age.uper" in run.stderr
 
 
+def test_policy_check_prints_every_error_on_a_line_of_its_own(tmp_path: Path) -> None:
+    text = (ROOT / "policies" / "demo.toml").read_text()
+    text = text.replace('mechanism = "laplace"', 'mechanism = "laplce"')
+    text = text.replace("lower = 17, upper = 90", "lower = 17, uper = 90")
+    broken = tmp_path / "broken.toml"
+    broken.write_text(text)
+    lines = text.splitlines()
+    mechanism = lines.index('mechanism = "laplce"') + 1
+    age = next(i for i, line in enumerate(lines, 1) if line.startswith("age = "))
+    column = lines[age - 1].index("uper") + 1
+    run = dpproxy("policy", "check", broken)
+    assert run.returncode == 1 and run.stdout == ""
+    assert run.stderr.splitlines() == [
+        f"ERROR F0000: {broken}:{mechanism}:1: privacy.mechanism: must be one of 'laplace', "
+        "'gaussian', got 'laplce'",
+        f"ERROR F0000: {broken}:{age}:{column}: tables.adult.columns.age.uper: unknown field; "
+        "allowed fields: ldp, lower, nullable, public_range, public_values, type, unique, upper"]
+
+
 def test_demo_builds_a_database_from_its_seed(tmp_path: Path) -> None:
     run = dpproxy("demo", "--out", tmp_path / "d.duckdb", "--seed", "7")
     assert run.returncode == 0, run.stderr

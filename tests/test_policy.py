@@ -5,12 +5,15 @@ tmp_path; nothing here opens a database or a ledger."""
 from __future__ import annotations
 
 import datetime as dt
+import re
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from dpproxy.errors import Error, InvalidPolicy
-from dpproxy.policy import load_policy
+from dpproxy.policy import check_policy, load_policy
+from dpproxy.policy_lines import key_positions
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_POLICY = ROOT / "policies" / "demo.toml"
@@ -202,7 +205,7 @@ def test_broken_policy_names_file_field_and_what_is_allowed(
     with pytest.raises(InvalidPolicy) as info:
         load_policy(path)
     message = str(info.value)
-    assert message.startswith(f"{path}: "), message
+    assert re.match(rf"{re.escape(str(path))}:\d+:\d+: ", message), message  # file:line:col:
     fields = (field,) if isinstance(field, str) else field
     assert any(f": {f}: " in message for f in fields), message
     for words in allowed:
@@ -213,6 +216,185 @@ def test_broken_policy_names_file_field_and_what_is_allowed(
 def test_there_are_at_least_twenty_broken_policies() -> None:
     assert len(BROKEN) >= 20
     assert len({case[0] for case in BROKEN}) == len(BROKEN)
+
+
+def position_of(text: str, marker: str) -> str:
+    """'line:column' (1-based) of the one occurrence of `marker` in `text`."""
+    assert text.count(marker) == 1, f"marker not unique: {marker!r}"
+    at = text.index(marker)
+    line_start = text.rfind("\n", 0, at) + 1
+    return f"{text.count(chr(10), 0, at) + 1}:{at - line_start + 1}"
+
+
+# (id, snippet of the demo policy, its replacement, where the error points, dotted field)
+LOCATED: list[tuple[str, str, str, str, str]] = [
+    ("top-level key", 'database = "demo"', 'database = "demo"\ncolour = "blue"', "colour",
+     "colour"),
+    ("key of a section", 'mechanism = "laplace"', 'mechanism = "laplce"',
+     'mechanism = "laplce"', "privacy.mechanism"),
+    ("key inside an inline table", AGE, AGE.replace("upper", "uper"), "uper = 90",
+     "tables.adult.columns.age.uper"),
+    ("later key of an inline table", AGE,
+     AGE.replace("lower = 17, upper = 90", "lower = 90, upper = 17"), "lower = 90",
+     "tables.adult.columns.age.lower"),
+    ("absent key: the inline table it belongs in", AGE,
+     'age = { type = "int", lower = 17, nullable = false }', 'age = { type = "int", lower = 17,',
+     "tables.adult.columns.age.upper"),
+    ("absent key: the section it belongs in", BACKEND, 'kind = "duckdb"\n', "backend]",
+     "backend.path"),
+    ("item of an array", ALICE_TABLES, 'tables = ["adult", "visitz"]', '"visitz"',
+     "analysts.alice.tables"),
+    ("item of a multi-line array", '"Sales", "Craft-repair"', '"Sales", 42, "Craft-repair"',
+     "42,", "tables.adult.columns.occupation.public_values"),
+    ("dotted key", ALICE_BUDGET, "budget.epsilon = -1.0\nbudget.delta = 1e-5", "epsilon = -1.0",
+     "analysts.alice.budget.epsilon"),
+    ("table header with a quoted name", "[tables.visits]\n",
+     '[tables."visits"]\nmembership = "secret"\n', 'membership = "secret"',
+     "tables.visits.membership"),
+    ("check across a table's columns", 'person_id = { type = "int", nullable = false }\nage',
+     'person_id = { type = "int", unique = true }\nage', "unique = true }\nage",
+     "tables.adult.columns.person_id.unique"),
+    ("key of the server section", "port = 6432", "port = 70000", "port = 70000", "server.port"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "marker", "field"),
+                         [pytest.param(*case[1:], id=case[0]) for case in LOCATED])
+def test_error_names_the_line_and_column_of_the_key(tmp_path: Path, old: str, new: str,
+                                                    marker: str, field: str) -> None:
+    path = write_variant(tmp_path, old, new)
+    with pytest.raises(InvalidPolicy) as info:
+        load_policy(path)
+    where = position_of(path.read_text(encoding="utf-8"), marker)
+    assert info.value.message.startswith(f"{path}:{where}: {field}: "), info.value.message
+    assert info.value.sqlstate == "F0000"
+
+
+def test_check_policy_lists_independent_errors_in_file_order(tmp_path: Path) -> None:
+    text = DEMO_TEXT
+    for old, new in [('mechanism = "laplace"', 'mechanism = "laplce"'),
+                     (AGE, AGE.replace("upper", "uper")),
+                     ('sex = { type = "text", ', 'sex = { type = "txt", '),
+                     (ALICE_TABLES, 'tables = ["adult", "visitz"]'),
+                     ("port = 6432", "port = 70000")]:
+        text = text.replace(old, new, 1)
+    path = tmp_path / "broken.toml"
+    path.write_text(text, encoding="utf-8")
+    policy, problems = check_policy(path)
+    assert policy is None
+    # two columns of one table each report their error; alice, granted that table, hers
+    assert [p.message.split(": ")[1] for p in problems] == [
+        "server.port", "privacy.mechanism", "tables.adult.columns.age.uper",
+        "tables.adult.columns.sex.type", "analysts.alice.tables"]
+    lines = [int(p.message.split(":")[1]) for p in problems]
+    assert lines == sorted(lines)
+    assert all(type(p) is InvalidPolicy and p.sqlstate == "F0000" for p in problems)
+    with pytest.raises(InvalidPolicy) as info:
+        load_policy(path)
+    assert info.value.message == problems[0].message
+
+
+def test_check_policy_leaves_out_errors_that_follow_from_another(tmp_path: Path) -> None:
+    """A column that does not validate: its table's privacy_unit names it, and alice is
+    granted the table, but neither is reported as a second error."""
+    path = write_variant(tmp_path, 'person_id = { type = "int", nullable = false }\nage',
+                         'person_id = "int"\nage')
+    policy, problems = check_policy(path)
+    assert policy is None
+    assert [p.message.split(": ", 1)[1] for p in problems] == [
+        "tables.adult.columns.person_id: expected a table such as "
+        '{ type = "int", lower = 0, upper = 100 }']
+
+
+def test_check_policy_of_a_valid_file() -> None:
+    policy, problems = check_policy(DEMO_POLICY)
+    assert problems == []
+    assert policy is not None and policy == load_policy(DEMO_POLICY)
+
+
+# -- where keys are written (dpproxy.policy_lines) ----------------------------------------------
+
+def test_key_positions_of_headers_and_dotted_quoted_and_inline_keys() -> None:
+    text = ('# a comment with [brackets] and key = "value"\n'
+            'title = "a # not a comment" # a comment\n'
+            '[tables."my.table"]   # a quoted name with a dot\n'
+            "a . b = 1\n"
+            "[ tables . 'my.table' . columns ]\n"
+            'age = { type = "int", bounds = { lower = 0 }, "odd\\u0020key" = 1 }\n')
+    positions = key_positions(text)
+    assert positions[("title",)] == (2, 1)
+    assert positions[("tables",)] == (3, 2)
+    assert positions[("tables", "my.table")] == (3, 9)
+    assert positions[("tables", "my.table", "a")] == (4, 1)
+    assert positions[("tables", "my.table", "a", "b")] == (4, 5)
+    assert positions[("tables", "my.table", "columns")] == (5, 25)
+    age = ("tables", "my.table", "columns", "age")
+    assert positions[age] == (6, 1)
+    assert positions[(*age, "type")] == (6, 9)
+    assert positions[(*age, "bounds", "lower")] == (6, 34)
+    assert positions[(*age, "odd key")] == (6, 47)
+
+
+def test_key_positions_of_array_items_and_arrays_of_tables() -> None:
+    text = ("values = [\n"
+            '    "a", # the first\n'
+            "    [1, 2],\n"
+            '    { k = "}" },\n'
+            "]\n"
+            "[[server]]\n"
+            'name = "one"\n'
+            "[[server]]\n"
+            'name = "two"\n'
+            "[server.tls]\n"
+            'cert = "c.pem"\n')
+    positions = key_positions(text)
+    assert positions[("values", 0)] == (2, 5)
+    assert positions[("values", 1, 1)] == (3, 9)
+    assert positions[("values", 2, "k")] == (4, 7)
+    assert positions[("server",)] == (6, 3)
+    assert positions[("server", 0, "name")] == (7, 1)
+    assert positions[("server", 1)] == (8, 3)
+    assert positions[("server", 1, "name")] == (9, 1)
+    assert positions[("server", 1, "tls")] == (10, 9)
+    assert positions[("server", 1, "tls", "cert")] == (11, 1)
+
+
+def test_key_positions_skip_strings_that_look_like_keys() -> None:
+    text = ('a = """\nb = 1\n[c]\n""""\r\n'  # a multi-line string, then CRLF line ends
+            "d = '''x = ['''\r\n"
+            'e = "say \\"f = 1\\" [g]"\r\n'
+            "h = 1979-05-27 07:32:00Z # a date with a space\r\n"
+            "[i]\r\n")
+    assert key_positions(text) == {("a",): (1, 1), ("d",): (5, 1), ("e",): (6, 1),
+                                   ("h",): (7, 1), ("i",): (8, 2)}
+
+
+def test_key_positions_a_table_is_where_its_header_is() -> None:
+    """`[t.c]` passes through t; `[t]` below is where t's keys are written."""
+    positions = key_positions("[t.c]\nx = 1\n[t]\ny = 2\n")
+    assert positions[("t",)] == (3, 2)
+    assert positions[("t", "c")] == (1, 4)
+
+
+def test_key_positions_every_demo_key_is_where_the_text_has_it() -> None:
+    positions = key_positions(DEMO_TEXT)
+    document = tomllib.loads(DEMO_TEXT)
+    lines = DEMO_TEXT.splitlines()
+    assert positions[("tables", "adult", "columns", "age", "upper")] == (39, 35)
+    for path, (line, column) in positions.items():
+        written = lines[line - 1][column - 1:]
+        if isinstance(path[-1], str):
+            assert written.startswith(path[-1]), (path, written)
+        else:  # an item of an array: all the demo's arrays hold strings
+            value: object = document
+            for key in path:
+                value = value[key]  # type: ignore[index]
+            assert written.startswith(f'"{value}"'), (path, written)
+
+
+def test_key_positions_give_nothing_for_text_tomllib_rejects() -> None:
+    assert key_positions("[a]\nb = 1\n") == {("a",): (1, 2), ("a", "b"): (2, 1)}
+    assert key_positions("[a\nb = 1\n") == {}
 
 
 def test_invalid_toml_says_so_with_the_line(tmp_path: Path) -> None:

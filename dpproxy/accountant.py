@@ -298,6 +298,18 @@ class AdminEvent:
     amount: Cost  # the budget created or set, or the amount granted
 
 
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One line of an account's history: a charge or an admin event."""
+
+    at: float  # unix time
+    who: str  # the analyst charged, or who made the change
+    what: str  # "charge", or the admin event's action
+    accounts: str  # the accounts touched, comma-separated
+    amount: Cost
+    detail: str  # a charge's normalized SQL (never results)
+
+
 def _dec(x: float) -> Decimal:
     return Decimal(repr(float(x) + 0.0))  # + 0.0 turns -0.0 into 0.0
 
@@ -1159,6 +1171,15 @@ class Ledger:
                               f"{where} ORDER BY event_id DESC LIMIT ?", (*args, limit))
             return [AdminEvent(at, by, acct, action, Cost(_num(Decimal(e)), _num(Decimal(d))))
                     for at, by, acct, action, e, d in rows]
+
+    def timeline(self, account: str | None = None, limit: int = 100) -> list[HistoryEntry]:
+        """Charges and admin events together, newest first (at most `limit`)."""
+        entries = [HistoryEntry(c.at, c.analyst, "charge", ",".join(c.accounts), c.cost,
+                                c.statement) for c in self.history(account, limit=limit)]
+        entries += [HistoryEntry(e.at, e.by, e.action, e.account, e.amount, "")
+                    for e in self.admin_history(account, limit=limit)]
+        entries.sort(key=lambda e: e.at, reverse=True)
+        return entries[:limit]
 
     def grant(self, account: str, extra: Cost, *, by: str) -> AccountStatus:
         """Add `extra` to the account's budget; recorded as an admin event."""

@@ -193,17 +193,10 @@ def cmd_budget_history(args: argparse.Namespace) -> int:
     account = _account(policy, args.analyst, args.table) if args.analyst or args.table \
         else None
     with open_ledger(policy) as ledger:
-        charges = ledger.history(account, limit=args.limit)
-        events = ledger.admin_history(account, limit=args.limit)
-    rows = [{"at": c.at, "who": c.analyst, "what": "charge", "epsilon": c.cost.epsilon,
-             "delta": c.cost.delta, "accounts": ",".join(c.accounts), "detail": c.statement}
-            for c in charges]
-    rows += [{"at": e.at, "who": e.by, "what": e.action, "epsilon": e.amount.epsilon,
-              "delta": e.amount.delta, "accounts": e.account, "detail": ""} for e in events]
-    rows.sort(key=lambda r: r["at"], reverse=True)
-    rows = rows[:args.limit]
-    for row in rows:
-        row["at"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["at"]))
+        entries = ledger.timeline(account, limit=args.limit)
+    rows = [{"at": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(e.at)), "who": e.who,
+             "what": e.what, "epsilon": e.amount.epsilon, "delta": e.amount.delta,
+             "accounts": e.accounts, "detail": e.detail} for e in entries]
     _print_rows(rows, args.json)
     return 0
 

@@ -4,6 +4,7 @@ concurrency and shutdown. Every wait is bounded; nothing asserts on time."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
@@ -351,19 +352,37 @@ def test_admin_commands(serve: ServeFactory) -> None:
         conn.execute("CALL dpproxy.set_budget('alice', 6.0)")  # ε only: δ stays
     assert served.engine.ledger.status("analyst:alice").budget == Cost(6.0, 1e-5)
     with psycopg.connect(served.dsn(), autocommit=True) as conn:
+        conn.execute(ACCEPTED)  # alice spends
+    with psycopg.connect(served.dsn("admin", ADMIN_PASSWORD), autocommit=True) as conn:
+        (reset,) = conn.execute("CALL dpproxy.reset('alice')").fetchall()
+        assert reset[0] == "analyst:alice" and reset[2] == 0.0  # spent: nothing
+        history = conn.execute("SELECT * FROM dpproxy.history").fetchall()
+        assert [c.name for c in conn.execute("SELECT * FROM dpproxy.history").description] \
+            == ["at", "who", "what", "accounts", "epsilon", "delta", "detail"]
+        assert [h[2] for h in history[:5]] == ["reset", "charge", "set_budget", "set_budget",
+                                               "grant"]  # newest first
+        assert history[1][1] == "alice" and "occupation" in history[1][6]
+        assert history[0][1] == "analyst:admin" and isinstance(history[0][0], dt.datetime)
+        with pytest.raises(psycopg.errors.SyntaxError, match="takes"):
+            conn.execute("CALL dpproxy.reset('alice', 1.0)")
+    with psycopg.connect(served.dsn(), autocommit=True) as conn:
         for command in ("SELECT * FROM dpproxy.budgets", "CALL dpproxy.grant('alice', 100, 0)"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(command)
     assert served.engine.ledger.status("analyst:alice").budget.epsilon == 6.0
     with psycopg.connect(served.dsn(), autocommit=True) as conn:
+        for command in ("SELECT * FROM dpproxy.history", "CALL dpproxy.reset('alice')"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(command)
         conn.execute("SELECT table_name FROM information_schema.tables").fetchall()
     assert served.engine.audit.path is not None
     records = [json.loads(line) for line in served.engine.audit.path.read_text().splitlines()]
     admin_runs = [r for r in records if r["outcome"] == "admin"]
-    assert [r["analyst"] for r in admin_runs] == ["admin"] * 4
-    assert "dpproxy.set_budget('alice', 6.0)" in admin_runs[-1]["statement"]
+    assert [r["analyst"] for r in admin_runs] == ["admin"] * 7
+    assert "dpproxy.set_budget('alice', 6.0)" in admin_runs[3]["statement"]
     refused = [r for r in records if r["outcome"] == "rejected" and "dpproxy" in r["statement"]]
-    assert [(r["analyst"], r["sqlstate"]) for r in refused] == [("alice", "42501")] * 2
+    assert [(r["analyst"], r["sqlstate"]) for r in refused] == \
+        [("admin", "42601")] + [("alice", "42501")] * 4
     assert any(r["outcome"] == "catalog" and r["analyst"] == "alice" for r in records)
 
 

@@ -166,14 +166,97 @@ def _total_node(node: exp.Expression, table: TablePolicy, integer_valued: bool
         safe = exp.TryCast(this=source, to=node.to)
         return exp.cast(safe, _DOUBLE) if _is_numeric_type(node.to) else safe
     if isinstance(node, exp.Substring):
-        # positions are integers for the backend; out-of-range ones become NULL
+        # positions are INT for the backend, NULL beyond (DuckDB raises beyond ±2^32, and
+        # PostgreSQL's positions are INT too)
         for arg in ("start", "length"):
             if node.args.get(arg) is not None:
-                node.set(arg, exp.TryCast(this=node.args[arg], to=_BIGINT.copy()))
+                node.set(arg, exp.TryCast(this=node.args[arg], to=_INT.copy()))
         return node
-    if isinstance(node, exp.Extract | exp.Length):
+    if isinstance(node, exp.Add | exp.Sub):
+        return _date_arithmetic(node, table)
+    if isinstance(node, exp.Extract):
+        if node.this.name.lower() in ("week", "isoyear"):
+            # both read the ISO year's first day, which precedes DuckDB's first date for
+            # dates before this one (a TIMESTAMP is read as its date: always in range)
+            first = exp.GTE(this=exp.cast(node.expression.copy(), _DATE),
+                            expression=_date(_FIRST_ISO_WEEK_DATE))
+            node.set("expression", exp.Case(ifs=[exp.If(this=first, true=node.expression)]))
         return exp.cast(node, _DOUBLE)  # integer-valued; DOUBLE keeps later arithmetic total
+    if isinstance(node, exp.Length):
+        return exp.cast(node, _DOUBLE)
+    if isinstance(node, exp.DateTrunc | exp.TimestampTrunc):
+        # DATE_TRUNC computes in TIMESTAMP, whose range is narrower than DATE's
+        unit = node.args.get("unit")
+        first = _FIRST_TRUNCATABLE_DATES.get(unit.name.lower() if unit is not None else "",
+                                             _FIRST_TIMESTAMP_DATE)
+        node.set("this", _date_within(node.this, first, _LAST_TIMESTAMP_DATE))
+        return node
     return node
+
+
+_INT = exp.DataType.build("INT")
+_DATE = exp.DataType.build("DATE")
+# DuckDB's DATE runs from 5877642-06-25 (BC) to 5881580-07-10, its TIMESTAMP from
+# 290309-12-22 (BC) to 294247-01-10 04:00:54. date ± n takes n below 10^6 days (the
+# analyzer's rule): dates between these stay in range after such a shift.
+_FIRST_SHIFTABLE_DATE = "5870000-01-01 (BC)"
+_LAST_SHIFTABLE_DATE = "5870000-01-01"
+# The dates DATE_TRUNC reads: those whose midnight is a TIMESTAMP, later for the units that
+# would truncate the first ones to before the first TIMESTAMP.
+_FIRST_TIMESTAMP_DATE = "290309-12-22 (BC)"
+_LAST_TIMESTAMP_DATE = "294247-01-10"
+_FIRST_TRUNCATABLE_DATES = {unit: "290308-01-01 (BC)" for unit in ("month", "quarter", "year")}
+_FIRST_ISO_WEEK_DATE = "5877641-01-04 (BC)"
+
+
+def _date(text: str) -> exp.Expression:
+    return exp.cast(exp.Literal.string(text), _DATE)
+
+
+def _is_date(node: exp.Expression, table: TablePolicy) -> bool:
+    """Whether a row expression the analyzer accepted is a date, read off its shape (the
+    analyzer made the branches of CASE, COALESCE, … agree; a date minus a date is a
+    number)."""
+    if isinstance(node, exp.Paren | exp.Nullif):
+        return _is_date(node.this, table)
+    if isinstance(node, exp.Column):
+        column = table.columns.get(node.name) or next(
+            (c for n, c in table.columns.items() if n.lower() == node.name.lower()), None)
+        return column is not None and column.type == "date"
+    if isinstance(node, exp.Cast | exp.TryCast):
+        return node.to.is_type(exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP,
+                               exp.DataType.Type.TIMESTAMPTZ)
+    if isinstance(node, exp.DateTrunc | exp.TimestampTrunc):
+        return True
+    if isinstance(node, exp.Add):
+        return _is_date(node.this, table) or _is_date(node.expression, table)
+    if isinstance(node, exp.Sub):
+        return _is_date(node.this, table) and not _is_date(node.expression, table)
+    if isinstance(node, exp.Case | exp.If):
+        branches = [b.args.get("true") for b in node.args.get("ifs", [])]
+        branches += [node.args.get("true"), node.args.get("default"), node.args.get("false")]
+        return any(_is_date(b, table) for b in branches if b is not None)
+    if isinstance(node, exp.Coalesce | exp.Least | exp.Greatest):
+        return any(_is_date(a, table) for a in (node.this, *node.expressions))
+    return False
+
+
+def _date_arithmetic(node: exp.Add | exp.Sub, table: TablePolicy) -> exp.Expression:
+    """date ± n NULL where the date is near an end of DuckDB's range (the shift would
+    overflow there); date − date (a BIGINT) as DOUBLE, so later arithmetic cannot overflow."""
+    dates = [arg for arg in ("this", "expression") if _is_date(node.args[arg], table)]
+    if len(dates) == 2:
+        return exp.cast(node, _DOUBLE)
+    for arg in dates:
+        node.set(arg, _date_within(node.args[arg], _FIRST_SHIFTABLE_DATE, _LAST_SHIFTABLE_DATE))
+    return node
+
+
+def _date_within(date: exp.Expression, first: str, last: str) -> exp.Expression:
+    """The date where it lies in [first, last] or is ±infinity, else NULL."""
+    inside = exp.or_(exp.Between(this=date.copy(), low=_date(first), high=_date(last)),
+                     exp.not_(exp.func("ISFINITE", date.copy())))
+    return exp.Case(ifs=[exp.If(this=inside, true=date)])
 
 
 def _nonzero(divisor: exp.Expression) -> exp.Expression:

@@ -15,7 +15,8 @@ construct the analyzer accepts is rewritten as follows (children first):
   `x <> 0`; casts PostgreSQL has no rule for (date → number) are rejected up front;
 * date ± n is NULL near the ends of PostgreSQL's date range, date − date is NULL for an
   infinite date; EXTRACT and DATE_TRUNC read a TIMESTAMP (no "unit not supported for
-  type date");
+  type date"), as does a cast to a timestamp type: NULL for dates outside TIMESTAMP's
+  range, and for DATE_TRUNC also for dates it would truncate to before that range;
 * SUBSTRING positions are INT within range (a negative length is NULL, not an error);
 * LIKE / ILIKE get `ESCAPE ''`: no escape character, as in DuckDB, so no pattern can end
   in a dangling escape.
@@ -76,7 +77,15 @@ BOOLEAN_WORDS = ("true", "t", "yes", "y", "on", "1", "false", "f", "no", "n", "o
 # 4714 BC to 5874897 AD, so these dates stay in range after such a shift.
 _FIRST_SHIFTABLE_DATE = "1900-01-01 BC"
 _LAST_SHIFTABLE_DATE = "5870000-01-01"
+# TIMESTAMP runs from 4714-11-24 BC (DATE's first day) to 294276-12-31; a day inside each
+# end, a date's midnight is a TIMESTAMPTZ in every time zone.
+_FIRST_TIMESTAMP_DATE = "4714-11-25 BC"
 _LAST_TIMESTAMP_DATE = "294276-01-01"
+# DATE_TRUNC to these units would move the first dates to before the first timestamp.
+_FIRST_TRUNCATABLE_DATES = {
+    "month": "4714-12-01 BC", "quarter": "4713-01-01 BC", "year": "4713-01-01 BC",
+    "decade": "4711-01-01 BC", "century": "4700-01-01 BC", "millennium": "4000-01-01 BC",
+}
 # NUMERIC overflows beyond 131072 digits before the decimal point; stay well below.
 MAX_DIGITS = 100_000
 _COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
@@ -159,7 +168,10 @@ def _total_node(old: exp.Expression, new: exp.Expression, table: TablePolicy, ty
         source = _timestamp(new.expression, typed(old.expression).kind)
         return _numeric(exp.Extract(this=new.this, expression=source))
     if isinstance(new, exp.DateTrunc | exp.TimestampTrunc):
-        new.set("this", _timestamp(new.this, typed(old.this).kind))
+        unit = new.args.get("unit")
+        first = _FIRST_TRUNCATABLE_DATES.get(unit.name.lower() if unit is not None else "",
+                                             _FIRST_TIMESTAMP_DATE)
+        new.set("this", _timestamp(new.this, typed(old.this).kind, first))
         return new
     if isinstance(new, exp.Length):
         return _numeric(new)
@@ -229,16 +241,20 @@ def _date_arithmetic(old: exp.Expression, new: exp.Expression, typed: Typer
     return _case(shiftable, new)
 
 
-def _timestamp(source: exp.Expression, kind: str) -> exp.Expression:
-    """The source as a TIMESTAMP (EXTRACT(hour FROM a DATE) raises); NULL beyond the last
-    timestamp, year 294276, where dates run further."""
+def _timestamp(source: exp.Expression, kind: str, first: str = _FIRST_TIMESTAMP_DATE,
+               to: exp.DataType = _TIMESTAMP) -> exp.Expression:
+    """The source as a TIMESTAMP or `to` (EXTRACT(hour FROM a DATE) raises); a date is
+    NULL before `first` and from year 294276 (dates run further than timestamps), an
+    infinite one is kept."""
     if kind != "date":
-        return _cast(source, kind, _TIMESTAMP.copy())
+        return _cast(source, kind, to.copy())
     representable = exp.or_(
         exp.not_(exp.func("ISFINITE", source.copy())),
-        exp.LT(this=source.copy(),
-               expression=exp.cast(exp.Literal.string(_LAST_TIMESTAMP_DATE), "DATE")))
-    return _case(representable, exp.cast(source, _TIMESTAMP.copy()))
+        exp.and_(exp.GTE(this=source.copy(),
+                         expression=exp.cast(exp.Literal.string(first), "DATE")),
+                 exp.LT(this=source.copy(),
+                        expression=exp.cast(exp.Literal.string(_LAST_TIMESTAMP_DATE), "DATE"))))
+    return _case(representable, exp.cast(source, to.copy()))
 
 
 def _as_text(node: exp.Expression) -> exp.Expression:
@@ -283,6 +299,8 @@ def _cast(value: exp.Expression, kind: str, to: exp.DataType) -> exp.Expression:
             return _numeric(bit)
         if target == T.BOOLEAN or to.is_type(*exp.DataType.TEXT_TYPES):
             return exp.cast(value, to)
+    if kind == "date" and target in (T.TIMESTAMP, T.TIMESTAMPTZ):
+        return _timestamp(value, kind, to=to)
     if kind == "date" and (target in _DATE_TYPES or to.is_type(*exp.DataType.TEXT_TYPES)):
         return exp.cast(value, to)
     raise NotSupportedError(f"CAST of a {kind} to {to.sql('postgres')} is not available on "

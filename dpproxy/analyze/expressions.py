@@ -236,8 +236,9 @@ class _RowTyper:
         return replace(t, lower=-t.upper, upper=-t.lower)
 
     def _date_offset(self, offset: exp.Expression) -> None:
-        # A computed offset could push a date out of range on some rows only: an error that
-        # would depend on the data. A constant number of days cannot.
+        # A computed offset could push any date out of range on some rows only: an error
+        # that would depend on the data. A constant below 10^6 days can overflow only the
+        # dates near the ends of the range, which the rewrite shifts to NULL instead.
         inner = offset.this if isinstance(offset, exp.Neg) else offset
         if not (isinstance(inner, exp.Literal) and not inner.is_string
                 and inner.this.isdigit() and len(inner.this) <= 6):

@@ -61,9 +61,14 @@ Mechanism = Literal["laplace", "gaussian"]
 
 # Significant bits kept when a float parameter becomes a Fraction (rounded up).
 _PARAM_BITS = 48
-# Grid step for real-valued outputs is 2**(floor(log2 Δ) - _GRID_BITS): snapping adds at most
-# one grid step per changed output, a relative ~2**-20 ≈ 1e-6 on top of Δ.
+# Grid step for real-valued outputs is 2**(floor(log2 Δ) - _GRID_BITS): each changed output
+# may move _REAL_STEPS grid steps beyond Δ, a relative ~3·2**-20 ≈ 3e-6 on top of it: one
+# for snapping; one for the backend's fixed-point rounding (round(v · 2^k) per row and per
+# pair, below 2^-30·Δ for max_rows under 2^18: `Statistic.fixed_point_bits`); one for the
+# single rounding of the exact integer sum to a double (2^-53 of it: below a step up to
+# 2^32 rows).
 _GRID_BITS = 20
+_REAL_STEPS = 3
 # From this many values on, dpproxy.batch_noise draws the noise: its fixed cost (about a
 # hundred numpy calls) is that of this many scalar draws (measured: 48-64).
 _VECTOR_MIN = 56
@@ -417,9 +422,10 @@ def calibrate(mechanism: Mechanism, sensitivity: float, epsilon: float, delta: f
 
     Grid: γ = 1 for integer-valued outputs; otherwise γ = 2**(⌊log2 Δ⌋ − 20) and values are
     snapped to round(v/γ), which moves each of the `changed_outputs` coordinates one unit
-    can touch by at most one extra grid step. Grid sensitivity is therefore
-    ⌈Δ⌉ (L1) / Δ (L2) for integers, ⌈Δ/γ⌉ + changed_outputs (L1) / Δ/γ + √changed_outputs
-    (L2) otherwise.
+    can touch by at most one extra grid step, and the backend's fixed-point sum and its
+    conversion to a double by at most one each (`_REAL_STEPS`). Grid sensitivity is
+    therefore ⌈Δ⌉ (L1) / Δ (L2) for integers, ⌈Δ/γ⌉ + 3·changed_outputs (L1) /
+    Δ/γ + 3·√changed_outputs (L2) otherwise.
 
     Laplace: grid scale t = grid L1 / ε, rounded up; discrete Laplace on an integer query
     of L1 sensitivity k is k/t-DP, hence ε-DP (δ must be 0).
@@ -452,9 +458,9 @@ def calibrate(mechanism: Mechanism, sensitivity: float, epsilon: float, delta: f
     else:
         gamma = math.ldexp(1.0, math.frexp(sensitivity)[1] - 1 - _GRID_BITS)
         ratio = sensitivity / gamma  # exact: γ is a power of two
-        grid_l1 = math.ceil(ratio) + int(changed_outputs)
+        grid_l1 = math.ceil(ratio) + _REAL_STEPS * int(changed_outputs)
         # Round the float sum up so the L2 bound cannot lose an ulp.
-        grid_l2 = math.nextafter(ratio + math.sqrt(changed_outputs), math.inf)
+        grid_l2 = math.nextafter(ratio + _REAL_STEPS * math.sqrt(changed_outputs), math.inf)
 
     if mechanism == "laplace":
         param = _round_up(Fraction(grid_l1) / Fraction(epsilon))

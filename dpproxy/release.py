@@ -155,7 +155,8 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
     noisy_by_measurement: list[Sequence[float]] = [
         drawn[i] if i in drawn
         else _quantiles([r[i] for r in exact_rows], m) if m.quantile is not None
-        else _finite_column([r[i] for r in exact_rows])  # type: ignore[misc]
+        else _finite_column(_from_fixed_point([r[i] for r in exact_rows],  # type: ignore[misc]
+                                              m.statistic.fixed_point_bits))
         for i, m in enumerate(plan.measurements)
     ]
     # an exact statistic (local-DP reports, public membership) is released as computed
@@ -414,6 +415,15 @@ def _key_order(group: tuple[object, ...]) -> tuple[tuple[bool, str, object], ...
 def _finite(value: float) -> float:
     # Clamped sums are finite; this guards the sampler against a backend oddity.
     return value if math.isfinite(value) else 0.0
+
+
+def _from_fixed_point(values: list[float], bits: int | None) -> list[float]:
+    """A real-valued sum the backend computed in fixed point (`Statistic.fixed_point_bits`)
+    as the number it stands for: the exact integer rounded once to a double, then scaled
+    by 2^-bits (exactly: a power of two)."""
+    if bits is None:
+        return values
+    return [math.ldexp(float(v), -bits) for v in values]
 
 
 def _finite_column(values: list[float]) -> list[float]:

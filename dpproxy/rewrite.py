@@ -38,6 +38,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from functools import cached_property
 
 from sqlglot import exp
@@ -311,11 +312,25 @@ def _guarded(value: exp.Expression, guard: exp.Expression | None) -> exp.Express
 
 
 def clamped(statistic: Statistic, table: TablePolicy, dialect: str) -> exp.Expression:
-    """The summed value of one row: the clamped argument minus the centre."""
+    """The summed value of one row: the clamped argument minus the centre; for a
+    real-valued sum, in fixed point (`Statistic.fixed_point_bits`): round(value · 2^k) as
+    BIGINT, which both engines sum exactly (DuckDB in HUGEINT, PostgreSQL in NUMERIC)."""
     clamp, guard = _clamp(statistic, table, dialect)
     if statistic.center:
         clamp = exp.Sub(this=clamp, expression=exp.Literal.number(statistic.center))
+    bits = statistic.fixed_point_bits
+    if bits is not None:
+        scale = exp.Literal.number(_power_of_two(bits))
+        clamp = exp.cast(exp.func("ROUND", exp.Mul(this=exp.Paren(this=clamp),
+                                                   expression=scale)), _BIGINT)
     return _guarded(clamp, guard)
+
+
+def _power_of_two(bits: int) -> str:
+    """2^bits as an exact decimal literal (a power of two has a finite one)."""
+    if bits >= 0:
+        return str(2**bits)
+    return format(Decimal(1) / Decimal(2**-bits), "f")
 
 
 def _bin_index(statistic: Statistic, table: TablePolicy, dialect: str) -> exp.Expression:
@@ -785,7 +800,8 @@ def _bounded_pairs(plan: QueryPlan, dialect: str, source: exp.Expression,
             continue
         statistic = measurement.statistic
         value = exp.column(name)
-        kept = _bounded_sum(value, limit, statistic.integer_valued) \
+        kept = _bounded_sum(value, limit, statistic.integer_valued,
+                            statistic.fixed_point_bits is not None) \
             if statistic.kind == "sum" else _at_most(exp.Count(this=value), limit)
         items.append(exp.alias_(kept, name))
     pairs: exp.Expression = exp.select(*items, copy=False).from_(rows, copy=False).group_by(
@@ -806,7 +822,8 @@ def _bounded_pairs(plan: QueryPlan, dialect: str, source: exp.Expression,
     return _ranked_pairs(dialect, pairs, key_refs)
 
 
-def _bounded_sum(value: exp.Expression, limit: int, integer_valued: bool) -> exp.Expression:
+def _bounded_sum(value: exp.Expression, limit: int, integer_valued: bool,
+                 fixed_point: bool = False) -> exp.Expression:
     """A pair's bounded SUM(v): the plain SUM where the pair has at most `limit` values,
     else `limit` × their mean.
 
@@ -815,7 +832,8 @@ def _bounded_sum(value: exp.Expression, limit: int, integer_valued: bool) -> exp
     mean, so `limit` × the mean lies within `limit` × those bounds), no sampling variance
     on top of the noise, and no sort or list state per pair to draw rows with. A whole-
     number statistic rounds it: its noise is calibrated for whole numbers, and a
-    fractional part would pass through integer noise unchanged.
+    fractional part would pass through integer noise unchanged. A `fixed_point` one
+    (integers standing for reals, `Statistic.fixed_point_bits`) rounds it to a BIGINT.
     """
     values = exp.Count(this=value.copy())
     # typed: a plain `/`, as the sum is DOUBLE or NUMERIC already (sqlglot would otherwise
@@ -823,8 +841,10 @@ def _bounded_sum(value: exp.Expression, limit: int, integer_valued: bool) -> exp
     scaled: exp.Expression = exp.Div(
         this=exp.Mul(this=exp.Sum(this=value.copy()), expression=exp.Literal.number(limit)),
         expression=values.copy(), typed=True)
-    if integer_valued:
+    if integer_valued or fixed_point:
         scaled = exp.func("ROUND", scaled)
+    if fixed_point:  # DuckDB's `/` gives a DOUBLE: the sum over pairs must stay integer
+        scaled = exp.cast(scaled, _BIGINT)
     return exp.Case(ifs=[exp.If(this=exp.LTE(this=values, expression=exp.Literal.number(limit)),
                                 true=exp.Sum(this=value.copy()))], default=scaled)
 

@@ -4,6 +4,8 @@ DB-API nor the wire server can reach the exact statistics."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 from dpproxy.analyze import Analysis, analyze
@@ -32,7 +34,20 @@ def exact_rows(backend: Any, plan: QueryPlan, verify_bounds: bool = False
                                  unbounded=rewritten.unbounded if verify_bounds else None)
     k = len(rewritten.key_columns)
     width = k + len(rewritten.measurement_columns)
-    return {tuple(r[:k]): tuple(float(v) for v in r[k:width]) for r in rows}
+    return {tuple(r[:k]): tuple(float(v) for v in as_released(plan, r)[k:width]) for r in rows}
+
+
+def as_released(plan: QueryPlan, row: Sequence[Any]) -> tuple[Any, ...]:
+    """A backend row (keys, then the plan's measurements, …) with each measurement as the
+    number it stands for: a real-valued sum comes in fixed point, scaled by 2^-bits here
+    as `release` does (`Statistic.fixed_point_bits`)."""
+    keys = len(plan.analysis.keys)
+    out = list(row)
+    for i, measurement in enumerate(plan.measurements):
+        bits = measurement.statistic.fixed_point_bits
+        if bits is not None and out[keys + i] is not None:
+            out[keys + i] = math.ldexp(float(out[keys + i]), -bits)
+    return tuple(out)
 
 
 def assert_within_bounds(plan: QueryPlan, got: dict[tuple[Any, ...], tuple[float, ...]],

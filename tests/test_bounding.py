@@ -17,6 +17,7 @@ and check:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -166,7 +167,11 @@ def test_scaled_sum_counts_values_and_rounds_whole_numbers(policy: Policy,
                     analyst=ANALYST)
     (v, x, rows, values), = exact_rows(backend, plan).values()
     assert (v, rows, values) == (30.0, 20.0, 20.0)
-    assert x == pytest.approx(10 * 2 * 2 / 3, rel=1e-12)
+    # x sums in fixed point (`Statistic.fixed_point_bits`): each pair's 2 × 2/3 rounds
+    # to a multiple of 2^-bits
+    bits = plan.measurements[1].statistic.fixed_point_bits
+    assert bits is not None
+    assert x == pytest.approx(10 * 2 * 2 / 3, abs=10 * math.ldexp(1, -bits))
 
 
 def test_every_unit_over_the_group_bound_keeps_exactly_max_groups(policy: Policy,

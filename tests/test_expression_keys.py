@@ -29,6 +29,7 @@ from dpproxy.plan import QueryOptions, QueryPlan, plan_query
 from dpproxy.policy import Policy, load_policy
 from dpproxy.rewrite import rewrite
 from dpproxy.session import Engine
+from tests.exact import as_released
 
 EPS = 1000.0
 # The demo policy, with a budget that never runs out and public ranges on age and day
@@ -553,13 +554,13 @@ def small(tmp_path: Path, make_policy: Any, backend_kind: str, request: pytest.F
 
             def run(plan: QueryPlan) -> list[Any]:
                 rewritten = rewrite(plan, "postgres")
-                return [tuple(float(v) if v is not None else None for v in r)
+                return [tuple(float(v) if v is not None else None for v in as_released(plan, r))
                         for r in backend.run_aggregate(rewritten.sql, rewritten.parameters())]
         else:
             def run(plan: QueryPlan) -> list[Any]:
                 rewritten = rewrite(plan, "duckdb")
-                return [tuple(r) for r in reader.execute(rewritten.sql,
-                                                         list(rewritten.parameters())).fetchall()]
+                return [as_released(plan, r) for r in reader.execute(
+                    rewritten.sql, list(rewritten.parameters())).fetchall()]
         yield policy, run, truth
     reader.close()
 

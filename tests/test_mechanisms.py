@@ -328,16 +328,16 @@ def test_calibrate_laplace_integer() -> None:
 @pytest.mark.parametrize("sensitivity", [1e-9, 0.3, 1.0, 1.5, 1000.0, 3e12])
 @pytest.mark.parametrize("changed", [1, 7])
 def test_calibrate_laplace_real_grid(sensitivity: float, changed: int) -> None:
-    """γ = 2**(⌊log2 Δ⌋ - 20); grid L1 = ⌈Δ/γ⌉ + changed; noise never below asked."""
+    """γ = 2**(⌊log2 Δ⌋ - 20); grid L1 = ⌈Δ/γ⌉ + 3·changed; noise never below asked."""
     eps = 0.3
     spec = calibrate("laplace", sensitivity, eps, integer_valued=False, changed_outputs=changed)
     gamma = 2.0 ** (math.floor(math.log2(sensitivity)) - 20)
     assert spec.granularity == gamma
-    grid_l1 = math.ceil(sensitivity / gamma) + changed
+    grid_l1 = math.ceil(sensitivity / gamma) + 3 * changed  # snap, fixed point, double
     assert spec.grid_sensitivity == grid_l1
     assert spec.grid_param >= Fraction(grid_l1) / Fraction(eps)
     assert spec.grid_param <= Fraction(grid_l1) / Fraction(eps) * (1 + Fraction(1, 2**46))
-    assert sensitivity / eps <= spec.scale <= sensitivity / eps * (1 + 2.1e-6 * changed)
+    assert sensitivity / eps <= spec.scale <= sensitivity / eps * (1 + 4.1e-6 * changed)
 
 
 @pytest.mark.parametrize("integer_valued", [True, False])
@@ -345,7 +345,7 @@ def test_calibrate_gaussian(integer_valued: bool) -> None:
     spec = calibrate("gaussian", 1.5, 0.8, 1e-6, integer_valued=integer_valued,
                      changed_outputs=4)
     gamma = spec.granularity
-    grid_l2 = 1.5 if integer_valued else 1.5 / gamma + 2.0
+    grid_l2 = 1.5 if integer_valued else 1.5 / gamma + 3 * 2.0
     assert spec.grid_sensitivity == pytest.approx(grid_l2, rel=1e-15)
     assert spec.grid_sensitivity >= grid_l2
     sigma = discrete_gaussian_sigma(spec.grid_sensitivity, 0.8, 1e-6)

@@ -33,6 +33,7 @@ from dpproxy.plan import QueryOptions, QueryPlan, plan_query
 from dpproxy.policy import ColumnPolicy, Policy, TablePolicy, load_policy
 from dpproxy.rewrite import Rewritten, make_total, rewrite
 from dpproxy.session import Engine
+from tests.exact import as_released
 
 # -- the small database and its policy --------------------------------------------------------
 
@@ -512,9 +513,12 @@ def by_key(rows: list[tuple[Any, ...]]) -> dict[Any, tuple[Any, ...]]:
     return {row[0]: row[1:] for row in rows}
 
 
-def run_rewritten(run_sql: Callable[..., list[tuple[Any, ...]]], rewritten: Rewritten
-                  ) -> list[tuple[Any, ...]]:
-    return run_sql(rewritten.sql, rewritten.parameters())
+def run_rewritten(run_sql: Callable[..., list[tuple[Any, ...]]], rewritten: Rewritten,
+                  plan: QueryPlan | None = None) -> list[tuple[Any, ...]]:
+    """The statement's rows; with its plan, each measurement as the number it stands for
+    (a real-valued sum comes in fixed point: `tests.exact.as_released`)."""
+    rows = run_sql(rewritten.sql, rewritten.parameters())
+    return rows if plan is None else [as_released(plan, r) for r in rows]
 
 
 def test_heavy_unit_is_bounded_per_group_and_across_groups(
@@ -537,7 +541,7 @@ def test_heavy_unit_is_bounded_per_group_and_across_groups(
     kept_groups: Counter[tuple[str, ...]] = Counter()
     kept_x: set[tuple[float, ...]] = set()
     for _ in range(20):
-        rows = run_rewritten(run_sql, rewritten)
+        rows = run_rewritten(run_sql, rewritten, plan)
         assert all(len(row) == 4 for row in rows)  # keys and measurements only
         got = by_key(rows)
         assert set(got) == {"a", "b", "c"}
@@ -604,7 +608,7 @@ def test_values_are_clamped_after_the_expression(
                    "WHERE uid > 0")
     bounds = [(m.statistic.lower, m.statistic.upper) for m in plan.measurements[:3]]
     assert bounds == [(0, 100), (-50, 50), (0, 10000)]
-    (got,) = run_rewritten(run_sql, rewrite(plan, "duckdb"))
+    (got,) = run_rewritten(run_sql, rewrite(plan, "duckdb"), plan)
     xs = [r[0] for r in run_sql("SELECT x FROM t WHERE uid > 0")]
     present = [x for x in xs if x is not None]
     assert -20.0 in present and 150.0 in present

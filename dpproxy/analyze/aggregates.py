@@ -56,6 +56,21 @@ class Statistic:
         return 1.0
 
     @property
+    def fixed_point_bits(self) -> int | None:
+        """For a real-valued sum: the backend sums each row's value as the integer
+        round(value · 2^k), exactly, and the release scales the sum back by 2^-k (None:
+        whole numbers, summed as they are). k puts the largest row value at 2^40, so a
+        row's rounding (≤ 2^-k/2) is far below the noise grid (`mechanisms.noise_spec`).
+
+        A floating-point sum of n values errs by up to about n·2^-53·Σ|x|, and two
+        neighbouring tables can err differently: on millions of rows by far more than the
+        sensitivity's last digits the grid allows for. An integer sum does not err."""
+        if self.kind != "sum" or self.integer_valued:
+            return None
+        largest = self.row_contribution
+        return FIXED_POINT_BITS - math.frexp(largest)[1] if largest > 0 else 0
+
+    @property
     def identity(self) -> tuple[object, ...]:
         """Equal identities compute the same number: measure it once."""
         arg = self.argument.sql("postgres") if self.argument is not None else None
@@ -73,6 +88,9 @@ class Statistic:
             return f"QUANTILE {float(self.quantile or 0):g} of histogram({clamp})"
         return f"SUM({clamp} - {self.center:g})" if self.center else f"SUM({clamp})"
 
+
+# Magnitude of the largest row value of a real-valued sum in its fixed-point form
+FIXED_POINT_BITS = 40
 
 Interval = tuple[float, float]
 Values = Sequence[float]

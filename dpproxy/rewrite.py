@@ -161,7 +161,9 @@ def _total_node(node: exp.Expression, table: TablePolicy, integer_valued: bool
                            safe=False)
         return exp.func("TRUNC", quotient) if integer_valued else quotient
     if isinstance(node, exp.Mod):
-        return exp.Mod(this=node.this, expression=_nonzero(node.expression))
+        return _in_double(exp.Mod(this=node.this, expression=_nonzero(node.expression)))
+    if isinstance(node, exp.Mul | exp.Neg | exp.Abs):
+        return _in_double(node)
     if isinstance(node, exp.Cast | exp.TryCast):
         source = exp.TryCast(this=node.this, to=_BIGINT.copy()) if integer_valued else node.this
         safe = exp.TryCast(this=source, to=node.to)
@@ -248,9 +250,37 @@ def _date_arithmetic(node: exp.Add | exp.Sub, table: TablePolicy) -> exp.Express
     dates = [arg for arg in ("this", "expression") if _is_date(node.args[arg], table)]
     if len(dates) == 2:
         return exp.cast(node, _DOUBLE)
+    if not dates:
+        return _in_double(node)
     for arg in dates:
         node.set(arg, _date_within(node.args[arg], _FIRST_SHIFTABLE_DATE, _LAST_SHIFTABLE_DATE))
     return node
+
+
+def _in_double(node: exp.Expression) -> exp.Expression:
+    """Arithmetic on numbers with its operands in DOUBLE, which overflows to ±inf instead of
+    raising: columns are DOUBLE already, but integer constants are INTEGER, and a CASE can
+    pick a constant by the data (`CASE WHEN x > 0 THEN 2147483647 ELSE 0 END * 2`)."""
+    for arg in ("this", "expression"):
+        operand = node.args.get(arg)
+        if isinstance(operand, exp.Expression) and not _is_double(operand):
+            node.set(arg, exp.cast(operand, _DOUBLE))
+    return node
+
+
+def _is_double(node: exp.Expression) -> bool:
+    """Whether a node made total is DOUBLE already: a cast to it, `/`, or arithmetic over
+    DOUBLE operands (children are made total first)."""
+    if isinstance(node, exp.Cast | exp.TryCast):
+        return node.to.is_type(exp.DataType.Type.DOUBLE)
+    if isinstance(node, exp.Div):
+        return True
+    if isinstance(node, exp.Paren | exp.Nullif):
+        return _is_double(node.this)
+    if isinstance(node, exp.Add | exp.Sub | exp.Mul | exp.Mod | exp.Neg | exp.Abs):
+        return all(_is_double(node.args[a]) for a in ("this", "expression")
+                   if isinstance(node.args.get(a), exp.Expression))
+    return False
 
 
 def _date_within(date: exp.Expression, first: str, last: str) -> exp.Expression:

@@ -470,7 +470,7 @@ TOTAL_TABLE = TablePolicy("t", {"a": ColumnPolicy("a", "int", 0, 10),
     ("a % b", 'CAST("a" AS DOUBLE) % NULLIF(CAST("b" AS DOUBLE), 0)'),
     ("CAST(s AS INT)", 'CAST(TRY_CAST("s" AS INT) AS DOUBLE)'),
     ("CAST(s AS DATE)", 'TRY_CAST("s" AS DATE)'),
-    ("LENGTH(s) + 1", 'CAST(LENGTH("s") AS DOUBLE) + 1'),
+    ("LENGTH(s) + 1", 'CAST(LENGTH("s") AS DOUBLE) + CAST(1 AS DOUBLE)'),
     ("a * a * a", 'CAST("a" AS DOUBLE) * CAST("a" AS DOUBLE) * CAST("a" AS DOUBLE)'),
 ])
 def test_make_total_rewrites(sql: str, total: str) -> None:

@@ -50,7 +50,12 @@ from .bounds import BoundCheck, Unbounded, bound_check
 from .plan import Measurement, QueryPlan
 from .policy import ColumnPolicy, TablePolicy
 from .quantiles import binning_for
-from .rewrite_postgres import clamp_source_postgres, make_total_postgres
+from .rewrite_postgres import (
+    NATIVE_NUMBER_TYPES,
+    clamp_source_postgres,
+    clamps_in_double,
+    make_total_postgres,
+)
 from .shapes import parameter_type, slot_index
 
 UNIT = "__unit"
@@ -370,6 +375,12 @@ def _bin_index(statistic: Statistic, table: TablePolicy, dialect: str) -> exp.Ex
     value in the same bin."""
     binning = binning_for(statistic.lower, statistic.upper, statistic.integer_valued)
     clamp, guard = _clamp(statistic, table, dialect)
+    assert statistic.argument is not None
+    if dialect == "postgres" and not clamps_in_double(statistic.argument, table,
+                                                      statistic.lower, statistic.upper):
+        # a clamped NUMERIC may be too small for DOUBLE PRECISION (1e-330 raises): round
+        # it first, far below any bin's width
+        clamp = exp.func("ROUND", clamp, exp.Literal.number(300))
     offset = exp.Sub(this=exp.cast(clamp, _DOUBLE), expression=_double(statistic.lower))
     if binning.integer_points:
         index: exp.Expression = offset  # a whole number: the clamp rounds integer values
@@ -562,7 +573,7 @@ def _key_expression(key: GroupKey, table: TablePolicy, dialect: str) -> exp.Expr
 _EXACT_KEY_TYPES = {
     "duckdb": {"tinyint", "smallint", "integer", "bigint", "hugeint", "utinyint", "usmallint",
                "uinteger", "ubigint", "uhugeint", "float", "double"},
-    "postgres": {"smallint", "integer", "bigint", "real", "double precision"},
+    "postgres": NATIVE_NUMBER_TYPES,
 }
 
 

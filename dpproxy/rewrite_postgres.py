@@ -22,11 +22,11 @@ construct the analyzer accepts is rewritten as follows (children first):
   in a dangling escape.
 
 A bare column computes nothing and cannot raise: as a COUNT argument it is read as it
-is, and as a value to clamp (`clamp_source_postgres`) in DOUBLE PRECISION, which is
-much cheaper than a NUMERIC conversion per row. Aggregates stay NUMERIC up to the
-client, which reads them as Python floats (an out-of-range value becomes inf there
-instead of raising in the server). Numeric columns are assumed to hold values of
-double-precision range (|x| < 10^400 with < 400 decimals).
+is, and as a value to clamp (`clamp_source_postgres`) in DOUBLE PRECISION where the
+database stores it as an integer or floating-point type, which is much cheaper than a
+NUMERIC conversion per row (a NUMERIC column is clamped in NUMERIC). Aggregates stay
+NUMERIC up to the client, which reads them as Python floats (an out-of-range value
+becomes inf there instead of raising in the server).
 
 >>> from dpproxy.policy import ColumnPolicy, TablePolicy
 >>> from sqlglot import parse_one
@@ -428,14 +428,32 @@ def clamp_source_postgres(argument: exp.Expression, table: TablePolicy, lower: f
                           upper: float) -> tuple[exp.Expression, exp.DataType]:
     """The total value to clamp to [lower, upper] and the type to clamp it in.
 
-    A bare number column is clamped in DOUBLE PRECISION: without arithmetic nothing can
-    overflow or underflow (NaN and ±Infinity clamp to a bound), and converting every row
-    to NUMERIC would cost far more than the aggregate. Anything else is NUMERIC.
+    A bare column stored as an integer or floating-point type (`ColumnPolicy.storage`, read
+    when the engine opens its backend) is clamped in DOUBLE PRECISION: without arithmetic
+    nothing can overflow or underflow (NaN and ±Infinity clamp to a bound), and converting
+    every row to NUMERIC would cost far more than the aggregate. Anything else is NUMERIC,
+    a NUMERIC column included: its 1e400 or 1e-330 would not convert to DOUBLE PRECISION.
     """
-    if isinstance(argument, exp.Column) and max(abs(lower), abs(upper)) <= _FLOAT_SAFE_BOUND:
+    if clamps_in_double(argument, table, lower, upper):
+        assert isinstance(argument, exp.Column)
         column = table.columns.get(argument.name) or next(
             c for n, c in table.columns.items() if n.lower() == argument.name.lower())
-        if column.type in ("int", "float"):
-            double = exp.DataType.build("DOUBLE")
-            return exp.cast(exp.column(column.name, quoted=True), double), double
+        double = exp.DataType.build("DOUBLE")
+        return exp.cast(exp.column(column.name, quoted=True), double), double
     return make_total_postgres(argument, table), _NUMERIC.copy()
+
+
+def clamps_in_double(argument: exp.Expression, table: TablePolicy, lower: float,
+                     upper: float) -> bool:
+    """Whether `clamp_source_postgres` clamps this argument in DOUBLE PRECISION (else in
+    NUMERIC, where a value such as 1e-330 is still exact)."""
+    if not isinstance(argument, exp.Column) or max(abs(lower), abs(upper)) > _FLOAT_SAFE_BOUND:
+        return False
+    column = table.columns.get(argument.name) or next(
+        c for n, c in table.columns.items() if n.lower() == argument.name.lower())
+    return column.type in ("int", "float") and column.storage in NATIVE_NUMBER_TYPES
+
+
+# PostgreSQL's types (as format_type names them) whose values convert to DOUBLE PRECISION
+# without an error
+NATIVE_NUMBER_TYPES = frozenset({"smallint", "integer", "bigint", "real", "double precision"})

@@ -532,6 +532,37 @@ def test_a_failure_after_the_charge_is_audited_once_with_its_charge(
     assert records[0]["epsilon"] > 0
 
 
+@pytest.mark.parametrize("sql", [
+    "SELECT SUM(x), AVG(x), COUNT(x) FROM n", "SELECT MEDIAN(x) FROM n",
+    "SELECT SUM(x) FROM n WHERE x > 0.5", "SELECT x, COUNT(*) FROM n GROUP BY x"])
+def test_a_numeric_column_beyond_double_range_raises_nothing(
+        pg_dsn: str, tmp_path: Path, sql: str) -> None:
+    """A column declared float [0, 100] but stored as NUMERIC, holding 1e400, -1e400 and
+    1e-330, none of which converts to DOUBLE PRECISION: the engine reads its type, so the
+    rewrite clamps it in NUMERIC, and the query runs on that table as on one without
+    those rows."""
+    with scratch_database(pg_dsn) as dsn:
+        with psycopg.connect(dsn, autocommit=True) as con:
+            for table, extra in (("n", ["1e400", "-1e400", "1e-330"]), ("n0", [])):
+                con.execute(f"CREATE TABLE {table} (uid INTEGER, x NUMERIC)")
+                values = ["1.5", "20", "99", *extra]
+                with con.cursor() as cur:
+                    cur.executemany(f"INSERT INTO {table} VALUES (%s, %s::numeric)",
+                                    list(enumerate(values)))
+        policy = tmp_path / "n.toml"
+        policy.write_text(
+            f'[backend]\nkind = "postgres"\ndsn = "{dsn}"\n[privacy]\nmechanism = "laplace"\n'
+            + "".join(f'[tables.{t}]\n[tables.{t}.columns]\n'
+                      'x = { type = "float", lower = 0, upper = 100 }\n' for t in ("n", "n0"))
+            + '[analysts.a]\nbudget = { epsilon = 100.0, delta = 0.1 }\n'
+              'tables = ["n", "n0"]\n')
+        with Engine.from_path(policy) as engine:
+            assert engine.policy.tables["n"].columns["x"].storage == "numeric"
+            session = engine.session("a")
+            for table in ("n", "n0"):
+                assert session.execute(sql.replace(" n", f" {table}")).columns
+
+
 def test_statement_timeout_is_enforced_by_the_server(scratch: str) -> None:
     backend = PostgresBackend(scratch, ["secret"], statement_timeout_s=0.2)
     try:

@@ -132,6 +132,58 @@ def evaluate(node: exp.Expression, aggregates: Mapping[str, Value], keys: Mappin
     return _HANDLERS[type(node)](node, (aggregates, keys))
 
 
+def monotone_of(node: exp.Expression) -> tuple[str, int] | None:
+    """(aggregate, direction) where `node` is a monotone function of that one aggregate
+    and number constants (`ROUND(AVG(x), 1)`, `COUNT(*) * 2`, `100 - SUM(x) / 10`):
+    direction 1 non-decreasing, -1 non-increasing; else None. Mapping an interval's ends
+    through such a function gives an interval that covers the function of the truth
+    exactly when the first covers the truth.
+
+    >>> from sqlglot import parse_one
+    >>> node = refer_to_aggregates(parse_one("10 - ROUND(AVG(x) * -2, 1)"), {"AVG(x)": "AVG(x)"})
+    >>> monotone_of(node)
+    ('AVG(x)', 1)
+    """
+    if isinstance(node, AggregateRef):
+        return str(node.this), 1
+    if isinstance(node, exp.Paren | exp.Round | exp.Floor | exp.Ceil):
+        return monotone_of(node.this)
+    if isinstance(node, exp.Cast):
+        return monotone_of(node.this) if node.to.is_type(*exp.DataType.NUMERIC_TYPES) else None
+    if isinstance(node, exp.Neg):
+        inner = monotone_of(node.this)
+        return (inner[0], -inner[1]) if inner else None
+    if isinstance(node, exp.Add | exp.Sub | exp.Mul | exp.Div):
+        left, right = node.this, node.expression
+        constant = _number_constant(right)
+        varying, sign = left, 1.0
+        if constant is None:
+            constant = _number_constant(left)
+            if constant is None or isinstance(node, exp.Div):
+                return None  # c / x is not monotone across 0
+            varying = right
+            sign = -1.0 if isinstance(node, exp.Sub) else 1.0
+        if isinstance(node, exp.Mul | exp.Div):
+            if constant == 0:
+                return None
+            sign *= 1.0 if constant > 0 else -1.0
+        inner = monotone_of(varying)
+        return (inner[0], inner[1] * (1 if sign > 0 else -1)) if inner else None
+    return None
+
+
+def _number_constant(node: exp.Expression) -> float | None:
+    """The value of a number literal (possibly negated, in parentheses), else None."""
+    if isinstance(node, exp.Paren):
+        return _number_constant(node.this)
+    if isinstance(node, exp.Neg):
+        inner = _number_constant(node.this)
+        return -inner if inner is not None else None
+    if isinstance(node, exp.Literal) and not node.is_string:
+        return float(node.this)
+    return None
+
+
 def _ev(node: exp.Expression | None, env: Env) -> Value:
     if node is None:
         return None

@@ -14,7 +14,7 @@ import itertools
 import math
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 from typing import TypeVar
 
@@ -26,7 +26,7 @@ from .analyze.aggregates import combine, interval
 from .analyze.keys import normalize_key
 from .mechanisms import half_width, release_array, release_many, release_vectors
 from .plan import Measurement, QueryPlan
-from .postprocess import AggregateRef, Value, evaluate
+from .postprocess import AggregateRef, Value, evaluate, monotone_of
 from .quantiles import decode_histogram, rank_error, release_quantile
 from .selection import SelectionSpec, effective_threshold
 
@@ -212,7 +212,8 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
     out_columns = [_output_column(o, selected, values_of, keys_of, table_rows, keys_of_rows,
                                   every) for o in analysis.outputs]
     out_rows = list(zip(*out_columns, strict=True)) if out_columns else [() for _ in selected]
-    interval_columns = [_output_intervals(o, analysis, intervals_of, selected, every)
+    interval_columns = [_output_intervals(o, analysis, intervals_of, selected, every,
+                                          table_rows, keys_of_rows)
                         for o in analysis.outputs]
     out_intervals = list(zip(*interval_columns, strict=True)) if interval_columns \
         else [() for _ in selected]
@@ -271,13 +272,25 @@ def _output_column(output: Output, selected: list[int], values_of: dict[str, lis
 
 def _output_intervals(output: Output, analysis: Analysis,
                       intervals_of: dict[str, list[Interval]], selected: list[int],
-                      every: bool = False) -> list[Interval | None]:
-    if output.aggregate is None:
+                      every: bool = False, rows: list[dict[str, Value]] | None = None,
+                      keys: list[dict[str, Value]] | None = None) -> list[Interval | None]:
+    if output.aggregate is not None:
+        column = intervals_of.get(analysis.aggregates[output.aggregate].sql)
+        if column is None:
+            return [None] * len(selected)
+        return _at(column, selected, every)  # type: ignore[arg-type]
+    monotone = monotone_of(output.expression)
+    column = intervals_of.get(monotone[0]) if monotone is not None else None
+    if monotone is None or column is None or not rows or not keys:
         return [None] * len(selected)
-    column = intervals_of.get(analysis.aggregates[output.aggregate].sql)
-    if column is None:
-        return [None] * len(selected)
-    return _at(column, selected, every)  # type: ignore[arg-type]
+    # a monotone function of one aggregate: its interval's ends mapped through it
+    name, direction = monotone
+    out: list[Interval | None] = []
+    for i in selected:
+        ends = [evaluate(output.expression, {**rows[i], name: end}, keys[i])
+                for end in column[i][::direction]]
+        out.append(None if None in ends else (ends[0], ends[1]))
+    return out
 
 
 def _at(column: list[_T], selected: list[int], every: bool) -> list[_T]:
@@ -431,9 +444,17 @@ def _finite_column(values: list[float]) -> list[float]:
 
 
 def _accuracy(output: Output, plan: QueryPlan) -> ColumnAccuracy | None:
-    if output.aggregate is None:
-        return None
-    agg = plan.analysis.aggregates[output.aggregate]
+    index = output.aggregate
+    if index is None:  # a monotone function of one aggregate has that aggregate's noise
+        monotone = monotone_of(output.expression)
+        index = next((i for i, a in enumerate(plan.analysis.aggregates)
+                      if monotone is not None and a.sql == monotone[0]), None)
+        if index is None:
+            return None
+        accuracy = _accuracy(replace(output, aggregate=index), plan)
+        # its interval is the aggregate's mapped per row (`_output_intervals`)
+        return replace(accuracy, half_width=None) if accuracy is not None else None
+    agg = plan.analysis.aggregates[index]
     measurements = [plan.measurements[i] for i in agg.statistics]
     quantile = measurements[0].quantile
     if quantile is not None:

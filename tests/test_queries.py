@@ -518,6 +518,33 @@ def test_accuracy_intervals_cover_exact_values(big_engine: Engine,
             assert lo - 1e-9 <= value <= hi + 1e-9
 
 
+def test_monotone_outputs_of_one_aggregate_carry_its_interval(
+        big_engine: Engine, exact_db: duckdb.DuckDBPyConnection) -> None:
+    """ROUND(AVG(age), 1), COUNT(*) * 2 and 100 - COUNT(*) are monotone in one aggregate:
+    their accuracy is that aggregate's, and their interval its interval's ends mapped
+    through them (decreasing ones swapped), which holds the function of the exact value
+    whenever the aggregate's holds it (each misses with probability at most 1e-9, so this
+    fails by chance with probability < 6e-9). SUM / COUNT depends on two aggregates: none."""
+    session = big_engine.session("alice", epsilon=1.0, confidence=1 - 1e-9)
+    result = session.execute("SELECT sex, ROUND(AVG(age), 1) AS a, COUNT(*) * 2 AS c2, "
+                             "100 - COUNT(*) AS d, SUM(age) / COUNT(*) AS ratio FROM adult "
+                             "GROUP BY sex")
+    a_acc, c2_acc, d_acc, ratio_acc = result.accuracy[1:]
+    assert ratio_acc is None
+    assert a_acc is not None and a_acc.aggregate == "AVG(age)" and a_acc.name == "a"
+    assert c2_acc is not None and d_acc is not None and c2_acc.noise_scales == d_acc.noise_scales
+    truth = {r[0]: r[1:] for r in exact(exact_db, "SELECT sex, AVG(age), COUNT(*) FROM adult "
+                                                  "GROUP BY sex")}
+    for row, intervals in zip(result.rows, result.intervals, strict=True):
+        mean, count = truth[row[0]]
+        assert intervals[4] is None
+        for released, (lo, hi), exact_value in zip(
+                row[1:4], intervals[1:4], (round(mean, 1), 2 * count, 100 - count),
+                strict=True):
+            assert lo <= released <= hi
+            assert lo - 0.05 <= exact_value <= hi + 0.05  # ROUND: up to half a digit
+
+
 def test_private_keys_pass_partition_selection(big_engine: Engine,
                                                exact_db: duckdb.DuckDBPyConnection) -> None:
     """age has no public values: groups are released only when their noisy count of people

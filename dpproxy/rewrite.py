@@ -3,11 +3,14 @@
 The statement returns one row per group with the exact statistics of the plan,
 never a raw row. Three transformations make it safe to run:
 
-* totality (`make_total`): numbers are computed in DOUBLE (no overflow errors),
-  divisors go through NULLIF(…, 0), casts become TRY_CAST, so whether the query
-  fails never depends on private values;
+* totality (`make_total`): numbers are computed in DOUBLE, constants included (no
+  overflow errors), divisors go through NULLIF(…, 0), casts become TRY_CAST, dates near
+  the ends of the range become NULL before a shift or truncation could leave it (on
+  PostgreSQL: `rewrite_postgres`), so whether the query fails never depends on
+  private values;
 * clamping: each summed value is clamped to its bounds after the row
-  expression is evaluated (NULL stays NULL), then centred;
+  expression is evaluated (NULL stays NULL), then centred, and a real-valued one
+  taken in fixed point (`clamped`), so that its sum is exact;
 * contribution bounding: each privacy unit keeps at most `max_groups` groups, chosen
   by a hash salted afresh for every query, and adds at most `max_rows` rows' worth to
   each — by hash aggregation per (unit, group) pair rather than a window sort over all

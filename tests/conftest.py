@@ -10,11 +10,21 @@ from pathlib import Path
 
 import pytest
 
+from dpproxy.backends import Backend, open_backend
 from dpproxy.demo import DEFAULT_SEED, build_demo
+from dpproxy.policy import Policy
 from dpproxy.session import Engine, Session
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_POLICY = ROOT / "policies" / "demo.toml"
+
+
+@pytest.fixture
+def backend(policy: Policy) -> Iterator[Backend]:
+    """The backend of the module's `policy` fixture, opened for one test."""
+    opened = open_backend(policy)
+    yield opened
+    opened.close()
 
 
 @pytest.fixture(scope="session")

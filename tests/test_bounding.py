@@ -18,14 +18,13 @@ and check:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from scipy.stats import chi2
 
-from dpproxy.backends import Backend, open_backend
+from dpproxy.backends import Backend
 from dpproxy.policy import Policy, load_policy
 from tests.exact import assert_within_bounds, exact_rows, plan_for
 from tests.tables import backend_section, database_fixtures
@@ -129,13 +128,6 @@ def policy(request: pytest.FixtureRequest, tmp_path: Path) -> Policy:
     file = tmp_path / "bounding.toml"
     file.write_text(POLICY.replace("BACKEND", backend).replace("TABLES", tables))
     return load_policy(file)
-
-
-@pytest.fixture
-def backend(policy: Policy) -> Iterator[Backend]:
-    opened = open_backend(policy)
-    yield opened
-    opened.close()
 
 
 # -- exact values on hand-built data ----------------------------------------------------------

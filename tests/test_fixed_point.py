@@ -10,13 +10,12 @@ the backend's sum is exactly that integer sum, on data where a DOUBLE sum is not
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
 
-from dpproxy.backends import Backend, open_backend
+from dpproxy.backends import Backend
 from dpproxy.policy import Policy, load_policy
 from tests.exact import exact_rows, plan_for
 from tests.tables import backend_section, database_fixtures
@@ -57,13 +56,6 @@ def policy(request: pytest.FixtureRequest, tmp_path: Path) -> Policy:
     file = tmp_path / "fixed.toml"
     file.write_text(POLICY.replace("BACKEND", backend_section(request)))
     return load_policy(file)
-
-
-@pytest.fixture
-def backend(policy: Policy) -> Iterator[Backend]:
-    opened = open_backend(policy)
-    yield opened
-    opened.close()
 
 
 def fixed(value: float, bits: int) -> int:

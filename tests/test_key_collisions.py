@@ -125,27 +125,21 @@ def test_engine_reads_column_types(engines: dict[str, Engine]) -> None:
     assert columns["price"].storage in ("decimal(38,30)", "numeric")  # DuckDB, PostgreSQL
 
 
-def test_a_column_the_database_lacks_is_refused_before_any_charge(
-        backend_lines: str, tmp_path: Path) -> None:
-    file = policy_file(tmp_path, backend_lines, "d",
-                       'typo = { type = "int", lower = 0, upper = 9 }\n')
-    with Engine.from_path(file) as engine:
+@pytest.mark.parametrize(("table", "extra", "sql", "sqlstate"), [
+    ("d", 'typo = { type = "int", lower = 0, upper = 9 }\n', "SELECT SUM(typo) FROM d",
+     "42703"),
+    ("absent", "", "SELECT COUNT(*) FROM absent", "42P01")])
+def test_what_the_database_lacks_is_refused_before_any_charge(
+        backend_lines: str, tmp_path: Path, table: str, extra: str, sql: str,
+        sqlstate: str) -> None:
+    """A policy column (or a whole table) the database does not have: refused at analysis,
+    for free, not charged and then failed in the backend."""
+    with Engine.from_path(policy_file(tmp_path, backend_lines, table, extra)) as engine:
         session = engine.session("bob")
         before = session.remaining()
         with pytest.raises(errors.ProgrammingError) as info:
-            session.execute("SELECT SUM(typo) FROM d")
-        assert info.value.sqlstate == "42703" and "not in the database" in str(info.value)
+            session.execute(sql)
+        assert info.value.sqlstate == sqlstate and "not in the database" in str(info.value)
         assert session.remaining() == before
-        assert session.execute("SELECT COUNT(*) FROM d").rows  # the rest still works
-
-
-def test_a_table_the_database_lacks_is_refused_before_any_charge(
-        backend_lines: str, tmp_path: Path) -> None:
-    file = policy_file(tmp_path, backend_lines, "absent")
-    with Engine.from_path(file) as engine:
-        session = engine.session("bob")
-        before = session.remaining()
-        with pytest.raises(errors.ProgrammingError) as info:
-            session.execute("SELECT COUNT(*) FROM absent")
-        assert info.value.sqlstate == "42P01" and "not in the database" in str(info.value)
-        assert session.remaining() == before
+        if table == "d":
+            assert session.execute("SELECT COUNT(*) FROM d").rows  # the rest still works

@@ -14,7 +14,7 @@ import pytest
 
 from dpproxy import cli, errors
 from dpproxy.accountant import Cost
-from dpproxy.policy import load_policy
+from dpproxy.policy import Budget, load_policy
 from dpproxy.server import admin, paramtypes
 from dpproxy.server.commands import DEMO_PASSWORD, how_to_connect
 from dpproxy.server.credentials import CredentialStore
@@ -279,6 +279,43 @@ def test_analyst_passwd_command(demo_policy: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr("getpass.getpass", lambda prompt="": next(passwords))
     assert cli.main(["analyst", "passwd", "--policy", str(demo_policy), "admin"]) == 1
     assert "do not match" in capsys.readouterr().err
+
+
+def test_analyst_add_and_remove_edit_the_policy_file(
+        demo_policy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """add appends an [analysts.<name>] table, remove deletes it; every other line, comments
+    included, stays as it was, and the file always loads."""
+    before = demo_policy.read_text() + "\n# a closing comment\n"
+    demo_policy.write_text(before)
+    assert cli.main(["analyst", "add", "--policy", str(demo_policy), "bob",
+                     "--tables", "adult, visits", "--epsilon", "2", "--delta", "1e-6"]) == 0
+    assert "restart `dpproxy serve`" in capsys.readouterr().out
+    bob = load_policy(demo_policy).analysts["bob"]
+    assert (bob.role, bob.tables, bob.budget) == ("analyst", ("adult", "visits"),
+                                                  Budget(2.0, 1e-6))
+    assert demo_policy.read_text().startswith(before.rstrip("\n"))
+    with Engine.from_path(demo_policy) as engine:  # bob can query, with his own budget
+        session = engine.session("bob")
+        assert session.execute("SELECT COUNT(*) FROM adult").rows
+        assert session.remaining().epsilon < 2.0
+    assert cli.main(["analyst", "add", "--policy", str(demo_policy), "bob"]) == 1
+    assert "already" in capsys.readouterr().err
+    assert cli.main(["analyst", "add", "--policy", str(demo_policy), "eve",
+                     "--tables", "nope", "--epsilon", "1"]) == 1
+    assert "nope" in capsys.readouterr().err
+    # alice is written mid-file, with a multi-line value: the tables after her stay
+    text = demo_policy.read_text().replace(
+        'tables = ["adult", "visits", "occupation_groups"]\n',
+        'tables = [\n  "adult",\n  "visits",\n  "occupation_groups",\n]\n', 1)
+    assert text != demo_policy.read_text()
+    demo_policy.write_text(text)
+    assert cli.main(["analyst", "remove", "--policy", str(demo_policy), "alice"]) == 0
+    after = load_policy(demo_policy)
+    assert "alice" not in after.analysts and {"bob", "admin"} <= set(after.analysts)
+    assert "[analysts.alice]" not in demo_policy.read_text()
+    assert "# a closing comment" in demo_policy.read_text()
+    assert cli.main(["analyst", "remove", "--policy", str(demo_policy), "alice"]) == 1
+    assert "not in policy" in capsys.readouterr().err
 
 
 # policy [server] --------------------------------------------------------------------------------

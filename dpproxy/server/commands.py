@@ -43,6 +43,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     p.add_argument("--password-stdin", action="store_true",
                    help="read the password from the first line of standard input")
     p.set_defaults(func=cmd_passwd)
+    add = asub.add_parser("add", help="add an analyst to the policy file")
+    with_policy(add)
+    add.add_argument("name", help="the analyst")
+    add.add_argument("--tables", default="", help="tables it may query, comma-separated")
+    add.add_argument("--epsilon", type=float, help="its ε budget (none: it cannot query)")
+    add.add_argument("--delta", type=float, default=0.0, help="its δ budget (default: 0)")
+    add.add_argument("--role", default="analyst", choices=("analyst", "admin"))
+    add.set_defaults(func=cmd_add)
+    remove = asub.add_parser("remove", help="remove an analyst from the policy file (the "
+                                            "ledger keeps its history)")
+    with_policy(remove)
+    remove.add_argument("name", help="the analyst")
+    remove.set_defaults(func=cmd_remove)
 
 
 def how_to_connect(policy: Policy, settings: ServerSettings, port: int) -> str:
@@ -99,6 +112,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   flush=True)
 
         serve(engine, settings, announce)
+    return 0
+
+
+def cmd_add(args: argparse.Namespace) -> int:
+    from ..policy_edit import add_analyst
+
+    tables = [t.strip() for t in args.tables.split(",") if t.strip()]
+    add_analyst(args.policy, args.name, tables, args.epsilon, args.delta, args.role)
+    print(f"analyst {args.name} added to {args.policy}; restart `dpproxy serve` to apply, "
+          f"then set a password: dpproxy analyst passwd {args.name}")
+    return 0
+
+
+def cmd_remove(args: argparse.Namespace) -> int:
+    from ..policy_edit import remove_analyst
+
+    remove_analyst(args.policy, args.name)
+    print(f"analyst {args.name} removed from {args.policy}; restart `dpproxy serve` to apply "
+          "(the ledger keeps its account and history)")
     return 0
 
 

@@ -1,0 +1,94 @@
+"""Add or remove an analyst by editing the policy file's text.
+
+Analysts are part of the policy (SPEC section 3); `dpproxy analyst add` appends an
+`[analysts.<name>]` table and `dpproxy analyst remove` deletes one, leaving every other
+line, comments included, as it was. The result is checked by loading it (with the
+policy's folder, so relative paths resolve alike) before it replaces the file, in one
+rename. The ledger keeps a removed analyst's account and history. A running server reads
+its policy once: restart it to apply the change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from .errors import InvalidParameterValue, UndefinedObject
+from .policy import ROLES, load_policy
+from .policy_lines import key_positions
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def add_analyst(path: Path, name: str, tables: Sequence[str], epsilon: float | None,
+                delta: float, role: str = "analyst") -> None:
+    """Append `[analysts.<name>]` with its tables and budget (none for an admin without
+    one) to the policy file."""
+    policy = load_policy(path)
+    if name in policy.analysts:
+        raise InvalidParameterValue(f"analyst {name!r} is already in policy {path.name}")
+    if role not in ROLES:
+        raise InvalidParameterValue(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    unknown = [t for t in tables if t not in policy.tables]
+    if unknown:
+        raise UndefinedObject(f"table {unknown[0]!r} is not in policy {path.name}",
+                              hint=f"tables: {', '.join(policy.tables)}")
+    # JSON strings and numbers are TOML's too: a name that is not a bare key, and the
+    # tables, are quoted as such
+    key = name if _BARE_KEY.fullmatch(name) else json.dumps(name)
+    lines = [f"[analysts.{key}]"]
+    if role != "analyst":
+        lines.append(f"role = {json.dumps(role)}")
+    if epsilon is not None:
+        lines.append(f"budget = {{ epsilon = {epsilon!r}, delta = {delta!r} }}")
+    if tables:
+        lines.append(f"tables = [{', '.join(json.dumps(t) for t in tables)}]")
+    text = path.read_text()
+    _replace(path, text.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n")
+
+
+def remove_analyst(path: Path, name: str) -> None:
+    """Delete `[analysts.<name>]` (its header through its last line, not the comments or
+    blank lines before the next table) from the policy file."""
+    policy = load_policy(path)
+    if name not in policy.analysts:
+        raise UndefinedObject(f"analyst {name!r} is not in policy {path.name}",
+                              hint=f"analysts: {', '.join(sorted(policy.analysts))}")
+    text = path.read_text()
+    positions = key_positions(text)
+    own = ("analysts", name)
+    if own not in positions:
+        raise InvalidParameterValue(f"analyst {name!r} is not written as its own "
+                                    f"[analysts.{name}] table in {path.name}",
+                                    hint="edit the policy file by hand")
+    lines = text.splitlines(keepends=True)
+    first = positions[own][0]
+    others = [line for key, (line, _) in positions.items()
+              if line > first and key[:2] != own]
+    end = min(others) if others else len(lines) + 1  # the first line of what follows
+    while end - 1 > first and _blank_or_comment(lines[end - 2]):
+        end -= 1  # such lines before the next table belong to it
+    _replace(path, "".join(lines[:first - 1] + lines[end - 1:]))
+
+
+def _blank_or_comment(line: str) -> bool:
+    stripped = line.strip()
+    return not stripped or stripped.startswith("#")
+
+
+def _replace(path: Path, text: str) -> None:
+    """Check `text` loads as a policy, then make it the file's content in one rename."""
+    handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".toml", dir=path.parent)
+    scratch = Path(name)
+    try:
+        with os.fdopen(handle, "w") as out:
+            out.write(text)
+        load_policy(scratch)
+        os.chmod(scratch, path.stat().st_mode)
+        os.replace(scratch, path)
+    finally:
+        scratch.unlink(missing_ok=True)

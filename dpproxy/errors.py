@@ -139,6 +139,12 @@ class PrivacyViolation(ProgrammingError):
     sqlstate = "42501"
 
 
+class InvalidAuthorization(OperationalError):
+    """Who is connecting is not an analyst of the policy."""
+
+    sqlstate = "28000"
+
+
 class ProgramLimitExceeded(OperationalError):
     """A limit of the server (here: the most rows a result may have)."""
 

@@ -25,7 +25,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal, NoReturn, TypeVar
 
-from .errors import InvalidPolicy
+from .errors import InvalidAuthorization, InvalidPolicy
 from .local import RandomizedResponse, UnaryEncoding
 from .policy_lines import KeyPath, Position, key_positions
 
@@ -246,7 +246,8 @@ class Policy:
             return self.analysts[name]
         except KeyError:
             known = ", ".join(sorted(self.analysts)) or "none"
-            raise InvalidPolicy(
+            # who is asking is wrong, not the policy: 28000, as a server refuses a login
+            raise InvalidAuthorization(
                 f"analyst {name!r} is not in policy {self.path.name}", detail=f"analysts: {known}"
             ) from None
 

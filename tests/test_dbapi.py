@@ -446,8 +446,9 @@ def test_invalid_set_option_is_22023(conn: dpproxy.Connection, sql: str) -> None
 
 
 def test_unknown_analyst_names_the_known_ones(big_policy: Path) -> None:
-    with pytest.raises(dpproxy.Error) as info:
+    with pytest.raises(dpproxy.OperationalError) as info:
         dpproxy.connect(big_policy, analyst="mallory")
+    assert info.value.sqlstate == "28000"  # who connects is wrong, not the policy
     text = str(info.value)
     assert "mallory" in text
     assert "alice" in text and "admin" in text

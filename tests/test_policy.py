@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dpproxy.errors import Error, InvalidPolicy
+from dpproxy.errors import Error, InvalidAuthorization, InvalidPolicy
 from dpproxy.policy import check_policy, load_policy
 from dpproxy.policy_lines import key_positions
 
@@ -94,10 +94,10 @@ def test_demo_password_verifier_matches_the_documented_password() -> None:
 
 def test_unknown_analyst_names_the_known_ones() -> None:
     policy = load_policy(DEMO_POLICY)
-    with pytest.raises(InvalidPolicy) as info:
+    with pytest.raises(InvalidAuthorization) as info:
         policy.analyst("mallory")
     text = str(info.value)
-    assert "mallory" in text and "admin, alice" in text
+    assert "mallory" in text and "admin, alice" in text and info.value.sqlstate == "28000"
 
 
 # -- validation: one broken policy per rule -----------------------------------------------------

@@ -145,6 +145,12 @@ class TablePolicy:
     # charged.
     membership: str = "private"
 
+    def column(self, name: str) -> ColumnPolicy | None:
+        """The column of that name, matched as the analyzer matches it (exactly, else
+        case-insensitively); None if there is none."""
+        return self.columns.get(name) or next(
+            (c for n, c in self.columns.items() if n.lower() == name.lower()), None)
+
 
 @dataclass(frozen=True)
 class AnalystPolicy:

@@ -160,8 +160,8 @@ def _total_node(node: exp.Expression, table: TablePolicy, integer_valued: bool
     """One node made total; `integer_valued`: an integer division, or a cast of an
     integer to text."""
     if isinstance(node, exp.Column):
-        column = table.columns.get(node.name) or next(
-            c for n, c in table.columns.items() if n.lower() == node.name.lower())
+        column = table.column(node.name)
+        assert column is not None, "the analyzer resolved every column"
         bare = exp.column(column.name, quoted=True)
         return exp.cast(bare, _DOUBLE) if column.type in ("int", "float") else bare
     if isinstance(node, exp.Div):
@@ -231,8 +231,7 @@ def _is_date(node: exp.Expression, table: TablePolicy) -> bool:
     if isinstance(node, exp.Paren | exp.Nullif):
         return _is_date(node.this, table)
     if isinstance(node, exp.Column):
-        column = table.columns.get(node.name) or next(
-            (c for n, c in table.columns.items() if n.lower() == node.name.lower()), None)
+        column = table.column(node.name)
         return column is not None and column.type == "date"
     if isinstance(node, exp.Cast | exp.TryCast):
         return node.to.is_type(exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP,
@@ -593,9 +592,8 @@ def released_key(value: exp.Expression, key: GroupKey, table: TablePolicy, diale
     if key.column.type not in ("int", "float"):
         return value
     if key.expression is None:
-        column = table.columns.get(key.column.name) or next(
-            c for n, c in table.columns.items() if n.lower() == key.column.name.lower())
-        if column.storage in _EXACT_KEY_TYPES[dialect]:
+        column = table.column(key.column.name)
+        if column is not None and column.storage in _EXACT_KEY_TYPES[dialect]:
             return value
     elif dialect == "duckdb":
         return value  # computed in DOUBLE (`make_total`)

@@ -135,8 +135,8 @@ def _total_node(old: exp.Expression, new: exp.Expression, table: TablePolicy, ty
                 ) -> exp.Expression:
     """`new` (a copy of `old` over already-total children) made total; `old` is typed."""
     if isinstance(new, exp.Column):
-        column = table.columns.get(new.name) or next(
-            c for n, c in table.columns.items() if n.lower() == new.name.lower())
+        column = table.column(new.name)
+        assert column is not None, "the analyzer resolved every column"
         bare = exp.column(column.name, quoted=True)
         return _numeric(bare) if column.type in ("int", "float") else bare
     if isinstance(new, exp.Literal) and not new.is_string:
@@ -436,8 +436,8 @@ def clamp_source_postgres(argument: exp.Expression, table: TablePolicy, lower: f
     """
     if clamps_in_double(argument, table, lower, upper):
         assert isinstance(argument, exp.Column)
-        column = table.columns.get(argument.name) or next(
-            c for n, c in table.columns.items() if n.lower() == argument.name.lower())
+        column = table.column(argument.name)
+        assert column is not None
         double = exp.DataType.build("DOUBLE")
         return exp.cast(exp.column(column.name, quoted=True), double), double
     return make_total_postgres(argument, table), _NUMERIC.copy()
@@ -449,9 +449,9 @@ def clamps_in_double(argument: exp.Expression, table: TablePolicy, lower: float,
     NUMERIC, where a value such as 1e-330 is still exact)."""
     if not isinstance(argument, exp.Column) or max(abs(lower), abs(upper)) > _FLOAT_SAFE_BOUND:
         return False
-    column = table.columns.get(argument.name) or next(
-        c for n, c in table.columns.items() if n.lower() == argument.name.lower())
-    return column.type in ("int", "float") and column.storage in NATIVE_NUMBER_TYPES
+    column = table.column(argument.name)
+    return column is not None and column.type in ("int", "float") \
+        and column.storage in NATIVE_NUMBER_TYPES
 
 
 # PostgreSQL's types (as format_type names them) whose values convert to DOUBLE PRECISION

@@ -297,8 +297,7 @@ def _numeric_partner(literal: exp.Expression, table: TablePolicy) -> bool:
         assert parent is not None
         column = parent.expression if place is parent.this else parent.this
     name = column.name
-    policy = table.columns.get(name) or next(
-        (c for n, c in table.columns.items() if n.lower() == name.lower()), None)
+    policy = table.column(name)
     return policy is not None and policy.type in ("int", "float")
 
 

@@ -48,7 +48,8 @@ def add_analyst(path: Path, name: str, tables: Sequence[str], epsilon: float | N
     if tables:
         lines.append(f"tables = [{', '.join(json.dumps(t) for t in tables)}]")
     text = path.read_text()
-    _replace(path, text.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n")
+    _replace(path, text.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n",
+             {*policy.analysts, name})
 
 
 def remove_analyst(path: Path, name: str) -> None:
@@ -62,17 +63,21 @@ def remove_analyst(path: Path, name: str) -> None:
     positions = key_positions(text)
     own = ("analysts", name)
     if own not in positions:
+        raise InvalidParameterValue(f"the position of analyst {name!r} in {path.name} "
+                                    "cannot be read", hint="edit the policy file by hand")
+    lines = text.splitlines(keepends=True)
+    first = positions[own][0]
+    if not lines[first - 1].lstrip().startswith("["):  # written inline: not its own lines
         raise InvalidParameterValue(f"analyst {name!r} is not written as its own "
                                     f"[analysts.{name}] table in {path.name}",
                                     hint="edit the policy file by hand")
-    lines = text.splitlines(keepends=True)
-    first = positions[own][0]
     others = [line for key, (line, _) in positions.items()
               if line > first and key[:2] != own]
     end = min(others) if others else len(lines) + 1  # the first line of what follows
     while end - 1 > first and _blank_or_comment(lines[end - 2]):
         end -= 1  # such lines before the next table belong to it
-    _replace(path, "".join(lines[:first - 1] + lines[end - 1:]))
+    _replace(path, "".join(lines[:first - 1] + lines[end - 1:]),
+             set(policy.analysts) - {name})
 
 
 def _blank_or_comment(line: str) -> bool:
@@ -80,14 +85,18 @@ def _blank_or_comment(line: str) -> bool:
     return not stripped or stripped.startswith("#")
 
 
-def _replace(path: Path, text: str) -> None:
-    """Check `text` loads as a policy, then make it the file's content in one rename."""
+def _replace(path: Path, text: str, analysts: set[str]) -> None:
+    """Check `text` loads as a policy with exactly these analysts, then make it the file's
+    content in one rename."""
     handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".toml", dir=path.parent)
     scratch = Path(name)
     try:
         with os.fdopen(handle, "w") as out:
             out.write(text)
-        load_policy(scratch)
+        if set(load_policy(scratch).analysts) != analysts:
+            raise InvalidParameterValue(f"editing {path.name} would not change just that "
+                                        "analyst; nothing was changed",
+                                        hint="edit the policy file by hand")
         os.chmod(scratch, path.stat().st_mode)
         os.replace(scratch, path)
     finally:

@@ -316,6 +316,14 @@ def test_analyst_add_and_remove_edit_the_policy_file(
     assert "# a closing comment" in demo_policy.read_text()
     assert cli.main(["analyst", "remove", "--policy", str(demo_policy), "alice"]) == 1
     assert "not in policy" in capsys.readouterr().err
+    # an analyst written as an inline table, not as its own [analysts.NAME], is left to
+    # the hand
+    inline = demo_policy.read_text() + '\n[analysts]\ncarol = { role = "admin" }\n'
+    demo_policy.write_text(inline)
+    assert "carol" in load_policy(demo_policy).analysts
+    assert cli.main(["analyst", "remove", "--policy", str(demo_policy), "carol"]) == 1
+    assert "by hand" in capsys.readouterr().err
+    assert demo_policy.read_text() == inline
 
 
 # policy [server] --------------------------------------------------------------------------------

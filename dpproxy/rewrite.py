@@ -195,6 +195,8 @@ def _total_node(node: exp.Expression, table: TablePolicy, integer_valued: bool
         return exp.cast(node, _DOUBLE)  # integer-valued; DOUBLE keeps later arithmetic total
     if isinstance(node, exp.Length):
         return exp.cast(node, _DOUBLE)
+    if isinstance(node, exp.Round) and node.args.get("decimals") is not None:
+        return _round_to_digits(node.this, int(float(node.args["decimals"].this)))
     if isinstance(node, exp.DateTrunc | exp.TimestampTrunc):
         # DATE_TRUNC computes in TIMESTAMP, whose range is narrower than DATE's
         unit = node.args.get("unit")
@@ -203,6 +205,30 @@ def _total_node(node: exp.Expression, table: TablePolicy, integer_valued: bool
         node.set("this", _date_within(node.this, first, _LAST_TIMESTAMP_DATE))
         return node
     return node
+
+
+def _round_to_digits(value: exp.Expression, digits: int) -> exp.Expression:
+    """ROUND(value, digits) as value scaled by 10^digits, rounded half away from zero and
+    scaled back, in DOUBLE; the value itself where that is not finite (digits beyond the
+    DOUBLE range).
+
+    Written out, not DuckDB's ROUND(x, n), whose result changed between releases (2.0.1
+    rounds the exact binary value: 12.45 is 12.4499… and goes down, where 2.0.0 and
+    PostgreSQL's NUMERIC give 12.5), and answers must not depend on the engine's version.
+    """
+    if digits > 300:  # no DOUBLE has digits this far down (10^digits would overflow)
+        return value
+    scale = exp.Literal.number(repr(10.0 ** abs(digits)))
+    if digits >= 0:
+        rounded: exp.Expression = exp.Div(
+            this=exp.func("ROUND", exp.Mul(this=value.copy(), expression=scale.copy())),
+            expression=scale, typed=False, safe=False)
+    else:  # the analyzer takes non-negative digits only; kept total all the same
+        rounded = exp.Mul(this=exp.func("ROUND", exp.Div(
+            this=value.copy(), expression=scale.copy(), typed=False, safe=False)),
+            expression=scale)
+    return exp.Case(ifs=[exp.If(this=exp.func("ISFINITE", rounded.copy()), true=rounded)],
+                    default=value)
 
 
 _INT = exp.DataType.build("INT")

@@ -210,3 +210,14 @@ def test_integer_constants_picked_by_the_data_cannot_overflow(
     # the rows whose x picks the large one
     assert_extremes_apart(tables, f"SELECT name, {key} AS k, COUNT(*) FROM TABLE "
                                   "GROUP BY name, k", "any")
+
+
+def test_round_to_digits_rounds_decimal_ties_away_from_zero(
+        tables: tuple[dict[str, Policy], Backend]) -> None:
+    """12.45 and -2.65 as DOUBLEs lie just below their ties (12.4499…): PostgreSQL's NUMERIC
+    and the DuckDB rewrite both round the decimal away from zero, whatever DuckDB's own
+    ROUND(x, n) does in the installed release (2.0.1 gives 12.4)."""
+    policies, backend = tables
+    sql = ("SELECT ROUND(x * 0 + 12.45, 1) AS r, ROUND(x * 0 - 2.65, 1) AS s, "
+           "ROUND(x * 0 + 1234.5678, 400) AS t, COUNT(*) FROM base GROUP BY r, s, t")
+    assert set(exact_rows(backend, plan_for(policies["base"], sql))) == {(12.5, -2.7, 1234.5678)}

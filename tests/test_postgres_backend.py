@@ -473,7 +473,8 @@ def test_connections_are_read_only(scratch: str) -> None:
     backend = PostgresBackend(scratch, ["secret"])
     try:
         for sql in ("DELETE FROM secret", "CREATE TABLE other (a int)",
-                    "SET TRANSACTION READ WRITE; DELETE FROM secret"):
+                    "SET TRANSACTION READ WRITE; DELETE FROM secret",
+                    "COMMIT; SET default_transaction_read_only = off; DELETE FROM secret"):
             with pytest.raises(errors.BackendError):
                 backend.run_aggregate(sql)
         assert backend.run_aggregate("SELECT COUNT(*) FROM secret") == [(1,)]

@@ -1,8 +1,9 @@
 """The PostgreSQL backend: a pool of read-only connections with a server-side timeout.
 
-Every connection starts with `default_transaction_read_only = on` and runs each
-statement in a `BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY` transaction (so that a
-bound check, `dpproxy.bounds`, and the query it licenses read one snapshot), under
+Every connection starts with `default_transaction_read_only = on`, so each statement is
+a read-only transaction of its own; a bound check (`dpproxy.bounds`) and the query it
+licenses run in one `BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY` transaction, so
+they read one snapshot. Everything runs under
 `statement_timeout` (the policy's `[server] statement_timeout_s`), in UTC with ISO dates
 so casts to text read the same everywhere. Statements go through psycopg's raw cursor:
 the rewrite's only parameter, the salt, is `$1`, and no `%` in the statement is ever read
@@ -36,16 +37,20 @@ POOL_MAX_SIZE = 10
 CONNECT_TIMEOUT_S = 10
 # How the data version is read: per policy table (resolved in the connection's search
 # path), its file node (changes on TRUNCATE, VACUUM FULL, a new table), its row counters,
-# and the server's and the statistics' start times (counters restart with them).
+# and the server's and the statistics' start times (counters restart with them). The
+# statistics functions are called directly: the pg_stat_user_tables view they sit under
+# costs more to plan than the whole read takes to run.
 _DATA_VERSION_SQL = """
 SELECT pg_postmaster_start_time()::text,
-       (SELECT stats_reset::text FROM pg_stat_database WHERE datname = current_database()),
-       (SELECT string_agg(concat_ws(':', c.oid, pg_relation_filenode(c.oid), s.n_tup_ins,
-                                    s.n_tup_upd, s.n_tup_del, s.n_live_tup), ','
-                          ORDER BY t.ord)
-          FROM unnest($1::text[]) WITH ORDINALITY AS t(name, ord)
-          LEFT JOIN pg_class c ON c.oid = to_regclass(quote_ident(t.name))
-          LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid)
+       (SELECT pg_stat_get_db_stat_reset_time(oid)::text FROM pg_database
+         WHERE datname = current_database()),
+       (SELECT string_agg(concat_ws(':', r::oid, pg_relation_filenode(r),
+                                    pg_stat_get_tuples_inserted(r),
+                                    pg_stat_get_tuples_updated(r),
+                                    pg_stat_get_tuples_deleted(r),
+                                    pg_stat_get_live_tuples(r)), ',' ORDER BY ord)
+          FROM (SELECT to_regclass(quote_ident(name)) AS r, ord
+                  FROM unnest($1::text[]) WITH ORDINALITY AS t(name, ord)) AS tables)
 """
 
 _COLUMN_TYPES_SQL = """
@@ -58,6 +63,9 @@ SELECT t.name, a.attname, format_type(a.atttypid, NULL)
 # The transaction's snapshot, as text, and the server's start time: two transactions with
 # equal values see the same committed rows. Read first, so it is the transaction's.
 _SNAPSHOT_SQL = "SELECT pg_current_snapshot()::text || '@' || pg_postmaster_start_time()::text"
+# Sent as one simple query with it (one round trip, not two): the transaction whose
+# snapshot the check and the query read.
+_BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 # After the data changed, a bound check is read again at most this often (seconds): until
 # then queries are bounded as always, so a busy server does not pay a check per query.
 RECHECK_S = 60.0
@@ -126,6 +134,15 @@ def describe_server(dsn: str) -> str:
            f"{info.get('dbname') or info.get('user') or ''}"
 
 
+def _run(cursor: psycopg.Cursor[Any], sql: str, parameters: Sequence[object]
+         ) -> list[tuple[object, ...]]:
+    """One statement's rows. Always by the extended protocol (a statement without
+    parameters is prepared, as psycopg would after its fifth run anyway), which runs one
+    statement only: never `COMMIT; SET …; DELETE …`, whatever the string holds."""
+    cursor.execute(sql, list(parameters) or None, prepare=True if not parameters else None)
+    return [tuple(row) for row in cursor.fetchall()]
+
+
 class PostgresBackend:
     dialect = "postgres"
 
@@ -174,9 +191,10 @@ class PostgresBackend:
 
     @staticmethod
     def _configure(conn: psycopg.Connection[Any]) -> None:
-        conn.read_only = True  # BEGIN READ ONLY, on top of the session default
-        # one snapshot per transaction: a bound check holds for the query that follows it
-        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        # A statement alone runs as its own transaction (read-only by the session default):
+        # no BEGIN and COMMIT round trips. A bound check and the query it licenses share
+        # one snapshot in an explicit `_BEGIN` transaction.
+        conn.autocommit = True
         # NUMERIC aggregates as floats: a value beyond float range is inf, not an error
         conn.adapters.register_loader("numeric", _NumericAsFloat)
         conn.adapters.register_loader("date", _InfinityDateLoader)
@@ -187,15 +205,21 @@ class PostgresBackend:
                       unbounded: Unbounded | None = None) -> list[tuple[object, ...]]:
         try:
             with self._pool.connection() as conn, conn.cursor() as cursor:
-                if unbounded is not None:
+                if unbounded is None:
+                    return _run(cursor, sql, parameters)
+                try:
                     plain = unbounded.sql_for(self._observed(conn, cursor, unbounded.check))
                     if plain is not None:
                         sql, parameters = plain, unbounded.parameters(parameters)
                         self.bounding.skipped += 1
                     else:
                         self.bounding.enforced += 1
-                cursor.execute(sql, list(parameters) or None)
-                return [tuple(row) for row in cursor.fetchall()]
+                    return _run(cursor, sql, parameters)
+                finally:
+                    # read-only: ending it either way changes nothing; a failed one must
+                    # end before the connection goes back to the pool
+                    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                        conn.execute("ROLLBACK")
         except psycopg.errors.QueryCanceled:
             raise BackendError("the backend query exceeded the statement timeout",
                                hint="the server's statement_timeout_s bounds every query; "
@@ -211,8 +235,10 @@ class PostgresBackend:
                   check: BoundCheck) -> tuple[object, ...] | None:
         """What `check` reads in this transaction's snapshot (None: not verified): known
         for an equal snapshot, else read now (in a savepoint, at most every `recheck_s`
-        per check)."""
-        row = cursor.execute(_SNAPSHOT_SQL).fetchone()
+        per check). Opens the transaction the caller's query runs in."""
+        cursor.execute(f"{_BEGIN}; {_SNAPSHOT_SQL}")
+        cursor.nextset()  # past BEGIN's result
+        row = cursor.fetchone()
         snapshot = str(row[0]) if row else ""
         now = time.monotonic()
         with self._checks_lock:

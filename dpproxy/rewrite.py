@@ -14,8 +14,10 @@ never a raw row. Three transformations make it safe to run:
 * contribution bounding: each privacy unit keeps at most `max_groups` groups, chosen
   by a hash salted afresh for every query, and adds at most `max_rows` rows' worth to
   each — by hash aggregation per (unit, group) pair rather than a window sort over all
-  rows (`_bounded_pairs`: a SUM over more than `max_rows` values adds `max_rows` × their
-  mean, `_bounded_sum`); plans with a quantile, and joins that number rows, keep
+  rows (`_bounded_pairs`: a SUM adds the pair's total clamped to `max_rows` × the
+  bounds, `_clamped_total`; the sums inside AVG and the variance family add `max_rows`
+  × the mean of a pair over `max_rows` values, `_bounded_sum`, in proportion to its
+  bounded count); plans with a quantile, and joins that number rows, keep
   `max_rows` rows drawn at random, ranking rows with windows (`_ranked_rows`);
 * joins with public tables (`joined_source`) happen first, in the innermost
   subquery, so bounding counts every match of a row as a row of its unit.
@@ -36,6 +38,7 @@ counts rows, like COUNT(*): no row and no value crosses, only the sparse histogr
 
 from __future__ import annotations
 
+import math
 import secrets
 import threading
 from collections import OrderedDict
@@ -839,7 +842,8 @@ def _bounded_pairs(plan: QueryPlan, dialect: str, source: exp.Expression,
     ≤ `max_groups` of.
 
     One hash aggregation per (unit, group) pair, never a sort of the rows: COUNT(*) keeps
-    LEAST(COUNT(*), max_rows), COUNT(v) LEAST(COUNT(v), max_rows), a SUM `_bounded_sum`.
+    LEAST(COUNT(*), max_rows), COUNT(v) LEAST(COUNT(v), max_rows), SUM `_clamped_total`,
+    and the sums of AVG and the variance family `_bounded_sum`.
     The pairs (far fewer than rows) are then ranked per unit by a hash salted afresh for
     each query. On DuckDB, with max_groups = 1 and public values for every key, each
     unit's group is chosen before anything is aggregated per group: the least salted hash
@@ -868,9 +872,13 @@ def _bounded_pairs(plan: QueryPlan, dialect: str, source: exp.Expression,
             continue
         statistic = measurement.statistic
         value = exp.column(name)
-        kept = _bounded_sum(value, limit, statistic.integer_valued,
-                            statistic.fixed_point_bits is not None) \
-            if statistic.kind == "sum" else _at_most(exp.Count(this=value), limit)
+        if statistic.kind != "sum":
+            kept = _at_most(exp.Count(this=value), limit)
+        elif statistic.unit_total:
+            kept = _clamped_total(value, limit, statistic)
+        else:
+            kept = _bounded_sum(value, limit, statistic.integer_valued,
+                                statistic.fixed_point_bits is not None)
         items.append(exp.alias_(kept, name))
     pairs: exp.Expression = exp.select(*items, copy=False).from_(rows, copy=False).group_by(
         *(k.copy() for k in group_keys), copy=False)
@@ -890,10 +898,47 @@ def _bounded_pairs(plan: QueryPlan, dialect: str, source: exp.Expression,
     return _ranked_pairs(dialect, pairs, key_refs)
 
 
+def _clamped_total(value: exp.Expression, limit: int, statistic: Statistic
+                   ) -> exp.Expression:
+    """A pair's bounded SUM(v) for SUM itself: its total, clamped to the range `limit` rows
+    could add up to, [limit · min(lower, 0), limit · max(upper, 0)] in the summed units
+    (a NULL total stays NULL).
+
+    The same bound as `_bounded_sum`'s (limit × the largest row value), so the same
+    noise, and never farther from the pair's true total: for a total t ≥ 0 over n > limit
+    values, limit × the mean is t · limit/n ≤ t, and limit × upper ≥ limit × the mean,
+    so min(t, limit × upper) lies between it and t (alike below 0). A pair within the
+    bounds keeps its total exactly, as the unbounded statement does.
+    """
+    total = exp.Sum(this=value.copy())
+    ifs = []
+    for side, beyond in ((-1, exp.LT), (1, exp.GT)):
+        extreme = _row_extreme(statistic, side)
+        if extreme:  # (no values beyond 0 on this side: no total beyond it either)
+            bound = exp.Literal.number(limit * extreme)
+            ifs.append(exp.If(this=beyond(this=total.copy(), expression=bound),
+                              true=bound.copy()))
+    return exp.Case(ifs=ifs, default=total) if ifs else total
+
+
+def _row_extreme(statistic: Statistic, side: int) -> int | float:
+    """The largest summed row value (side 1) or the least (-1), or 0 where that is beyond
+    it, in the units `clamped` sums: whole numbers, or fixed point rounded half away from
+    zero as the backend rounds it (computed in DOUBLE, as DuckDB does)."""
+    extreme = (statistic.upper if side > 0 else statistic.lower) - statistic.center
+    extreme = max(extreme, 0.0) if side > 0 else min(extreme, 0.0)
+    bits = statistic.fixed_point_bits
+    if bits is None:
+        return int(extreme) if float(extreme).is_integer() else extreme
+    scaled = math.ldexp(extreme, bits)
+    return int(math.copysign(math.floor(abs(scaled) + 0.5), scaled))
+
+
 def _bounded_sum(value: exp.Expression, limit: int, integer_valued: bool,
                  fixed_point: bool = False) -> exp.Expression:
-    """A pair's bounded SUM(v): the plain SUM where the pair has at most `limit` values,
-    else `limit` × their mean.
+    """A pair's bounded SUM(v) inside AVG or a variance: the plain SUM where the pair has
+    at most `limit` values, else `limit` × their mean, so that it stays in proportion to
+    the pair's bounded count, LEAST(COUNT(v), limit).
 
     That is the expected sum of `limit` of its values drawn at random, without the draw:
     the same bound (each clamped value lies within the clamp's bounds, so does their

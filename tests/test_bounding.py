@@ -2,8 +2,9 @@
 
 `rewrite._bounded_pairs` replaces the window sort over all rows by one hash aggregation
 per (unit, group) pair: LEAST(COUNT(*), max_rows) and LEAST(COUNT(v), max_rows) for counts;
-for a sum, the plain SUM where the pair has at most max_rows values, else max_rows × their
-mean (rounded for whole-number statistics); and a salted-hash choice of each unit's groups
+for SUM, the pair's total clamped to max_rows × the bounds; for the sums inside AVG, the
+plain SUM where the pair has at most max_rows values, else max_rows × their mean (rounded
+for whole-number statistics); and a salted-hash choice of each unit's groups
 (tests/test_bounding_duckdb.py covers DuckDB's per-unit path for max_groups = 1). These
 tests read the exact, pre-noise statistics through `rewrite()` + `backend.run_aggregate()`
 and check:
@@ -95,7 +96,7 @@ def heavy_rows() -> list[tuple[Any, ...]]:
 
 def fraction_rows() -> list[tuple[Any, ...]]:
     """Units 1..10: 3 rows in group a, v = 1, 1, 2 and x = 0.5, 0.5, 1.0, and a fourth
-    row with v and x NULL: the kept sums are 2 × a mean of 4/3 and 2/3."""
+    row with v and x NULL: AVG's kept sums are 2 × a mean of 4/3 and 2/3."""
     return [(u, "a", v, x) for u in range(1, 11)
             for v, x in ((1, 0.5), (1, 0.5), (2, 1.0), (None, None))]
 
@@ -134,36 +135,53 @@ def policy(request: pytest.FixtureRequest, tmp_path: Path) -> Policy:
 
 def test_every_unit_over_the_row_bound_keeps_exactly_max_rows(policy: Policy,
                                                               backend: Backend) -> None:
-    """150 units of 5 rows each, max_rows = 2: COUNT(*) = COUNT(v) = 2·150 = 300 and
-    SUM(v) = 300·10 exactly; COUNT(DISTINCT uid) is not bounded by rows: 150."""
-    plan = plan_for(policy, "SELECT COUNT(*), COUNT(v), SUM(v), COUNT(DISTINCT uid) FROM e",
-                    analyst=ANALYST)
+    """150 units of 5 rows each, max_rows = 2: COUNT(*) = COUNT(v) = 2·150 = 300 exactly;
+    SUM(v) keeps each unit's total 50, below 2 × the upper bound 100: 7500; AVG(v)'s sum
+    keeps 2 × the mean 10 per unit (it stays in proportion to the count): 3000.
+    COUNT(DISTINCT uid) is not bounded by rows: 150."""
+    plan = plan_for(policy, "SELECT COUNT(*), COUNT(v), SUM(v), COUNT(DISTINCT uid), AVG(v) "
+                            "FROM e", analyst=ANALYST)
+    avg_sum = [m.statistic for m in plan.measurements].index(
+        next(m.statistic for m in plan.measurements if m.statistic.center))
     for _ in range(3):
-        assert exact_rows(backend, plan) == {(): (300.0, 300.0, 3000.0, 150.0)}
+        got = exact_rows(backend, plan)[()]
+        assert got[:4] == (300.0, 300.0, 7500.0, 150.0)
+        assert got[avg_sum] == 300 * (10 - 50)  # AVG sums values minus the centre 50
 
 
-def test_sum_over_the_row_bound_is_max_rows_times_the_mean(policy: Policy,
-                                                           backend: Backend) -> None:
-    """SUM(x) with x = 0..4 per unit keeps 2 × their mean 2 for each of 150 units: 600,
-    every time (no rows are drawn)."""
+def test_sum_over_the_row_bound_is_the_total_clamped_to_max_rows_bounds(
+        policy: Policy, backend: Backend) -> None:
+    """SUM(x) with x = 0..4 per unit keeps each unit's total 10 (below 2 × 100) for each
+    of 150 units: 1500, every time (no rows are drawn); the heavy unit of table h, 50 rows
+    of x = 0..49 (total 1225), adds 2 × 100 = 200 to the light units' sum."""
     plan = plan_for(policy, "SELECT SUM(x) FROM e", analyst=ANALYST)
-    assert [exact_rows(backend, plan)[()][0] for _ in range(3)] == [600.0] * 3
+    assert [exact_rows(backend, plan)[()][0] for _ in range(3)] == [1500.0] * 3
+    light = exact_rows(backend, plan_for(policy, "SELECT SUM(x) FROM h0", analyst=ANALYST))
+    heavy = exact_rows(backend, plan_for(policy, "SELECT SUM(x) FROM h", analyst=ANALYST))
+    assert heavy[()][0] - light[()][0] == 2 * UPPER
 
 
 def test_scaled_sum_counts_values_and_rounds_whole_numbers(policy: Policy,
                                                           backend: Backend) -> None:
-    """10 units of 3 values and a NULL: the mean is over the values (the NULL row is not
-    a value), and the whole-number SUM(v) rounds each unit's 2 × 4/3 to 3 (30, not 26.7)
-    while SUM(x) keeps 2 × 2/3 (13.3). COUNT(*) keeps 2 of 4 rows, COUNT(v) 2 of 3."""
-    plan = plan_for(policy, "SELECT SUM(v), SUM(x), COUNT(*), COUNT(v) FROM f",
+    """10 units of 3 values and a NULL: AVG's mean is over the values (the NULL row is not
+    a value), and its whole-number sum of v − 50 rounds each unit's 2 × (4/3 − 50) to
+    −97 (−970, not −973.3) while its sum of x − 50 keeps 2 × (2/3 − 50) (−986.7). SUM
+    keeps the totals, 4 and 2 per unit. COUNT(*) keeps 2 of 4 rows, COUNT(v) 2 of 3."""
+    plan = plan_for(policy, "SELECT AVG(v), AVG(x), SUM(v), SUM(x), COUNT(*) FROM f",
                     analyst=ANALYST)
-    (v, x, rows, values), = exact_rows(backend, plan).values()
-    assert (v, rows, values) == (30.0, 20.0, 20.0)
-    # x sums in fixed point (`Statistic.fixed_point_bits`): each pair's 2 × 2/3 rounds
-    # to a multiple of 2^-bits
-    bits = plan.measurements[1].statistic.fixed_point_bits
+    got, = exact_rows(backend, plan).values()
+    names = [m.statistic.describe() for m in plan.measurements]
+    v, x = got[names.index("SUM(clamp(v, 0, 100) - 50)")], \
+        got[names.index("SUM(clamp(x, 0, 100) - 50)")]
+    totals = got[names.index("SUM(clamp(v, 0, 100))")], got[names.index("SUM(clamp(x, 0, 100))")]
+    assert (v, totals) == (-970.0, (40.0, 20.0))
+    assert (got[names.index("COUNT(*)")], got[names.index("COUNT(v)")]) == (20.0, 20.0)
+    # x sums in fixed point (`Statistic.fixed_point_bits`): each pair's 2 × (2/3 − 50)
+    # rounds to a multiple of 2^-bits
+    bits = plan.measurements[names.index("SUM(clamp(x, 0, 100) - 50)")].statistic \
+        .fixed_point_bits
     assert bits is not None
-    assert x == pytest.approx(10 * 2 * 2 / 3, abs=10 * math.ldexp(1, -bits))
+    assert x == pytest.approx(10 * 2 * (2 / 3 - 50), abs=10 * math.ldexp(1, -bits))
 
 
 def test_every_unit_over_the_group_bound_keeps_exactly_max_groups(policy: Policy,
@@ -171,7 +189,8 @@ def test_every_unit_over_the_group_bound_keeps_exactly_max_groups(policy: Policy
     """Units 1..100 have one row in each of 5 groups (max_groups = 2): 2 rows each;
     units 101..150 have 5 rows in group a (max_rows = 2): 2 rows each. So the counts over
     all groups add up to 300 exactly, group a holds at least 100, and COUNT(DISTINCT uid)
-    adds up to 2·100 + 50 = 250."""
+    adds up to 2·100 + 50 = 250. SUM(v) keeps 2 groups' v = 10 of units 1..100 and the
+    whole total 50 (below 2 × 100) of units 101..150: 4500."""
     plan = plan_for(policy, "SELECT g, COUNT(*), SUM(v), COUNT(DISTINCT uid) FROM e "
                    "GROUP BY g", analyst=ANALYST)
     seen = set()
@@ -179,7 +198,7 @@ def test_every_unit_over_the_group_bound_keeps_exactly_max_groups(policy: Policy
         got = exact_rows(backend, plan)
         assert set(got) <= {(g,) for g in GROUPS}
         assert sum(c for c, _, _ in got.values()) == 300
-        assert sum(s for _, s, _ in got.values()) == 3000
+        assert sum(s for _, s, _ in got.values()) == 100 * 2 * 10 + 50 * 5 * 10
         assert sum(u for _, _, u in got.values()) == 250
         assert got[("a",)][0] >= 100
         seen.add(tuple(sorted(got.items())))

@@ -1,8 +1,9 @@
 """DuckDB's contribution bounding (`rewrite._bounded_pairs`), on real DuckDB.
 
 On DuckDB, with max_groups = 1 and public keys, each unit's group is the least salted hash
-of (unit, group code), chosen before any per-group aggregation; a SUM adds every value of a
-pair with at most max_rows values and max_rows × their mean for a pair with more.
+of (unit, group code), chosen before any per-group aggregation; a SUM adds each pair's
+total clamped to max_rows × the bounds (AVG's sums: every value of a pair with at most
+max_rows values and max_rows × their mean for a pair with more).
 These tests read the exact, pre-noise statistics through `rewrite()` +
 `backend.run_aggregate()` and check:
 
@@ -11,8 +12,8 @@ These tests read the exact, pre-noise statistics through `rewrite()` +
   (table `h` holds it plus light units that never reach a bound, `h0` the light units
   alone, so the difference of the two answers is that unit's contribution);
 * with max_groups = 1, the kept group is uniform over the unit's groups, whatever their
-  row counts, and a SUM over a pair with more than max_rows values is max_rows × their
-  mean;
+  row counts, and a SUM over a pair with more than max_rows values is its total, clamped
+  to max_rows × the bounds;
 * when no unit exceeds the bounds, every statistic equals the unbounded one computed by
   plain SQL (counts exactly, sums within float rounding).
 
@@ -202,8 +203,8 @@ def test_heavy_unit_moves_no_answer_beyond_its_bound(policy: Policy, backend: Ba
 
 def test_heavy_unit_keeps_max_rows_of_one_group(policy: Policy, backend: Backend) -> None:
     """Unit 0's SUM(x) in h1 (max_rows = 3, max_groups = 1) moves exactly one (g, k)
-    group, by 3 × the mean of that group's 5 rows, x = 200 + j % 50 with j ≡ the group's
-    offset (mod 5); which group varies with the salt."""
+    group, by 3 × the upper bound 256: that group's 5 rows, x = 200 + j % 50 with j ≡ the
+    group's offset (mod 5), add up to more; which group varies with the salt."""
     plan = plan_for(policy, "SELECT g, k, SUM(x) FROM h1 GROUP BY g, k", analyst=ANALYST)
     without = exact_rows(backend, plan_for(policy, "SELECT g, k, SUM(x) FROM h10 "
                                            "GROUP BY g, k", analyst=ANALYST))
@@ -216,8 +217,8 @@ def test_heavy_unit_keeps_max_rows_of_one_group(policy: Policy, backend: Backend
         ((g, k), added), = moved.items()
         rows = [200.0 + j % 50 for j in range(HEAVY_ROWS)
                 if GROUPS[j % 5] == g and KINDS[j // 25] == k]
-        assert len(rows) == 5
-        assert added == pytest.approx(3 * sum(rows) / 5, rel=1e-12)
+        assert len(rows) == 5 and sum(rows) > 3 * 256
+        assert added == 3 * 256
         chosen.add((g, k))
     # 10 uniform choices among 10 groups all equal: probability 10^-9
     assert len(chosen) > 1
@@ -225,11 +226,11 @@ def test_heavy_unit_keeps_max_rows_of_one_group(policy: Policy, backend: Backend
 
 def test_null_private_key_is_a_group_of_its_own(policy: Policy, backend: Backend) -> None:
     """A NULL key (no public values, so the general path) is one group, like in GROUP BY:
-    unit 0's 10 rows with w NULL keep 3, whose x = 1 add up to 3 exactly, and so do unit
-    1's with w = 'w0'."""
+    unit 0's 10 rows with w NULL count 3 and add their whole total 10 (x = 1 each, within
+    3 × 256), and so do unit 1's with w = 'w0'."""
     plan = plan_for(policy, "SELECT w, COUNT(*), SUM(x) FROM n GROUP BY w", analyst=ANALYST)
     for _ in range(3):
-        assert exact_rows(backend, plan) == {(None,): (3.0, 3.0), ("w0",): (3.0, 3.0)}
+        assert exact_rows(backend, plan) == {(None,): (3.0, 10.0), ("w0",): (3.0, 10.0)}
 
 
 # -- the kept group and the kept rows are uniform ---------------------------------------------
@@ -254,12 +255,13 @@ def test_kept_group_is_uniform_over_the_units_groups(policy: Policy,
                                                               3 * units[2]]
 
 
-def test_sum_over_the_row_bound_is_max_rows_times_the_mean(policy: Policy,
-                                                           backend: Backend) -> None:
+def test_sum_over_the_row_bound_keeps_the_total_within_max_rows_bounds(
+        policy: Policy, backend: Backend) -> None:
     """250 units with 8 rows x = 2^j (j < 8), max_rows = 3: each unit keeps 3 rows in
-    its COUNT(*) and 3 × the mean 255/8 in its SUM(x), on the general path (a private key
-    w, one group per unit) as on the per-unit one (public keys g, k: one group)."""
-    each = 3 * 255 / 8
+    its COUNT(*) and its whole total 255 (within 3 × 256) in its SUM(x), on the general
+    path (a private key w, one group per unit) as on the per-unit one (public keys g, k:
+    one group)."""
+    each = 255
     got = exact_rows(backend, plan_for(policy, "SELECT w, COUNT(*), SUM(x) FROM s GROUP BY w",
                                        analyst=ANALYST))
     assert len(got) == SAMPLE_UNITS

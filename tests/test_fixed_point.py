@@ -42,9 +42,10 @@ budget = { epsilon = 1e9, delta = 0.5 }
 tables = ["f"]
 """
 
-# 0.1, 0.2, 0.7 are not dyadic, so every DOUBLE partial sum rounds; unit 0 has 5 rows
+# 0.1, 0.2, 0.7 are not dyadic, so every DOUBLE partial sum rounds; unit 0 has 5 rows,
+# whose total 3.5 is over max_rows × upper = 3
 ROWS = [(u, "ab"[u % 2], (0.1, 0.2, 0.7)[u % 3]) for u in range(1, 12_001)] + \
-       [(0, "a", 0.3)] * 5
+       [(0, "a", 0.7)] * 5
 TABLES = {"f": ("uid INTEGER NOT NULL, g TEXT, x DOUBLE PRECISION", ROWS)}
 
 
@@ -73,8 +74,10 @@ def test_real_sum_is_the_exact_fixed_point_sum(policy: Policy, backend: Backend)
     got = exact_rows(backend, plan)
     for group in "ab":
         rows = [x for u, g, x in ROWS if g == group and u != 0]
-        heavy = [0.3] * 3 if group == "a" else []  # unit 0 keeps max_rows = 3 rows
-        exact = sum(fixed(x, bits) for x in rows + heavy)
+        # unit 0: SUM keeps its total clamped to 3 × upper, AVG 3 × its mean
+        clamped = 3 * 2**bits if group == "a" else 0
+        heavy = [0.7] * 3 if group == "a" else []
+        exact = sum(fixed(x, bits) for x in rows) + clamped
         assert got[(group,)][0] == math.ldexp(float(exact), -bits)  # exactly
         # the data exercises rounding: a plain DOUBLE sum of these values is not exact
         assert math.fsum(rows) != sum(rows) or sum(rows) != sum(reversed(rows))
@@ -86,10 +89,14 @@ def test_real_sum_is_the_exact_fixed_point_sum(policy: Policy, backend: Backend)
 
 def test_a_unit_over_the_bound_adds_max_rows_in_fixed_point(policy: Policy,
                                                             backend: Backend) -> None:
-    """Unit 0's 5 rows of 0.3 count as 3 × their mean, rounded to a fixed-point integer
-    once per pair: the bounded sum stays an integer sum."""
-    plan = plan_for(policy, "SELECT SUM(x) FROM f WHERE uid = 0", analyst="bob")
-    bits = plan.measurements[0].statistic.fixed_point_bits
-    assert bits is not None
+    """Unit 0's 5 rows of 0.7 add up to 3.5: SUM keeps 3 × the upper bound 1, exactly
+    3 · 2^bits fixed-point units; AVG's sum (centred on 0.5) keeps 3 × their mean,
+    rounded to a fixed-point integer once per pair. Both stay integer sums."""
+    plan = plan_for(policy, "SELECT SUM(x), AVG(x) FROM f WHERE uid = 0", analyst="bob")
+    total, centred = plan.measurements[0].statistic, plan.measurements[1].statistic
+    assert total.fixed_point_bits is not None and centred.fixed_point_bits is not None
     (got,) = exact_rows(backend, plan).values()
-    assert got[0] == math.ldexp(float(round(Fraction(fixed(0.3, bits) * 5 * 3, 5))), -bits)
+    assert got[0] == 3.0
+    bits = centred.fixed_point_bits
+    assert got[1] == math.ldexp(float(round(Fraction(fixed(0.7 - 0.5, bits) * 5 * 3, 5))),
+                                -bits)

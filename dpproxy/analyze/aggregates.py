@@ -36,6 +36,11 @@ class Statistic:
 
     An `exact` statistic is released without central noise: only local-DP aggregates over a
     table with public membership have them (see `analyze/ldp.py`).
+
+    A `unit_total` sum (SUM's own) takes from each bounded (unit, group) pair its total,
+    clamped to what `max_rows` rows could add up to; the sums inside AVG and the variance
+    family take `max_rows` × the pair's mean instead, so that they stay in proportion to
+    its bounded count (`rewrite._bounded_pairs`).
     """
 
     kind: StatisticKind
@@ -46,6 +51,7 @@ class Statistic:
     integer_valued: bool = True
     exact: bool = False
     quantile: Fraction | None = None  # p, for kind "quantile"
+    unit_total: bool = False
 
     @property
     def row_contribution(self) -> float:
@@ -75,7 +81,7 @@ class Statistic:
         """Equal identities compute the same number: measure it once."""
         arg = self.argument.sql("postgres") if self.argument is not None else None
         return (self.kind, arg, self.lower, self.upper, self.center, self.exact,
-                self.quantile)
+                self.quantile, self.unit_total)
 
     def describe(self) -> str:
         arg = self.argument.sql("postgres") if self.argument is not None else "*"
@@ -155,7 +161,7 @@ def _whole_bounds(t: ExprType) -> ExprType:
 def _sum_statistics(arg: exp.Expression | None, t: ExprType | None) -> list[Statistic]:
     assert arg is not None and t is not None
     t = _whole_bounds(t)
-    return [Statistic("sum", arg, t.lower, t.upper, 0.0, t.integer)]
+    return [Statistic("sum", arg, t.lower, t.upper, 0.0, t.integer, unit_total=True)]
 
 
 def _avg_statistics(arg: exp.Expression | None, t: ExprType | None) -> list[Statistic]:

@@ -92,8 +92,11 @@ def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -
                          "reports in a table with public membership)")
             continue
         norm = "L1" if n.mechanism == "laplace" else "L2"
+        # SUM bounds a unit's total, not its rows (AVG's sums scale the kept rows' mean)
+        total = (f" (a unit adds its total per group, clamped to {bound.max_rows} × the "
+                 "bounds)" if s.unit_total and bound.max_rows > 1 else "")
         lines.append(
-            f"  {m.column} = {s.describe()}: {norm} sensitivity {m.sensitivity:g}, "
+            f"  {m.column} = {s.describe()}{total}: {norm} sensitivity {m.sensitivity:g}, "
             f"{n.mechanism} scale {n.scale:.6g} on a grid of {n.granularity:g}, "
             f"ε={n.epsilon:.6g}{f', δ={n.delta:.3g}' if n.delta else ''}; "
             f"{options.confidence:.0%} ± {m.half_width:.6g}")

@@ -70,6 +70,16 @@ def test_explain_prints_plan_and_charges_nothing(demo_policy: Path) -> None:
                       "delta_remaining": 1e-05}]
 
 
+def test_explain_says_sum_bounds_unit_totals(demo_policy: Path) -> None:
+    """SUM adds each person's total clamped to 10 × the bounds; AVG's sum does not."""
+    run = dpproxy("explain", "--policy", demo_policy,
+                  "SELECT SUM(amount), AVG(amount) FROM visits")
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    clamped = [line for line in lines if "clamped to 10 × the bounds" in line]
+    assert len(clamped) == 1 and "m0 = SUM(clamp(amount, 0, 500)) (a unit" in clamped[0]
+
+
 def test_budget_show_reflects_queries(demo_policy: Path) -> None:
     for age in (20, 30, 40):  # three different queries (a repeat would be free)
         assert dpproxy("query", "--policy", demo_policy, "--epsilon", "0.5",

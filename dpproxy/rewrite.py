@@ -60,6 +60,7 @@ from .rewrite_postgres import (
     NATIVE_NUMBER_TYPES,
     clamp_source_postgres,
     clamps_in_double,
+    clamps_in_integer,
     make_total_postgres,
 )
 from .shapes import parameter_type, slot_index
@@ -339,6 +340,15 @@ def _clamp(statistic: Statistic, table: TablePolicy, dialect: str
     """The argument clamped to [lower, upper] (a NULL argument clamps to NULL, NaN to
     upper), and the NULL test to guard it with, if the clamp needs one."""
     assert statistic.argument is not None
+    if dialect == "postgres" and clamps_in_integer(statistic.argument, table, statistic.lower,
+                                                   statistic.upper):
+        # the column as stored: a NULL fails both comparisons and stays NULL
+        column = exp.column(statistic.argument.name, quoted=True)
+        low, high = _whole(statistic.lower), _whole(statistic.upper)
+        return exp.Case(ifs=[exp.If(this=exp.LT(this=column, expression=low), true=low.copy()),
+                             exp.If(this=exp.GT(this=column.copy(), expression=high),
+                                    true=high.copy())],
+                        default=column.copy()), None
     if dialect == "postgres":  # NUMERIC, or DOUBLE PRECISION for a bare column
         value, number = clamp_source_postgres(statistic.argument, table, statistic.lower,
                                               statistic.upper)
@@ -371,6 +381,12 @@ def _clamp(statistic: Statistic, table: TablePolicy, dialect: str
     return clamp, guard
 
 
+def _whole(value: float) -> exp.Expression:
+    """A whole number as an integer literal (negative ones as a negation)."""
+    literal = exp.Literal.number(abs(int(value)))
+    return exp.Neg(this=literal) if value < 0 else literal
+
+
 def _guarded(value: exp.Expression, guard: exp.Expression | None) -> exp.Expression:
     if guard is None:
         return value
@@ -383,7 +399,11 @@ def clamped(statistic: Statistic, table: TablePolicy, dialect: str) -> exp.Expre
     BIGINT, which both engines sum exactly (DuckDB in HUGEINT, PostgreSQL in NUMERIC)."""
     clamp, guard = _clamp(statistic, table, dialect)
     if statistic.center:
-        clamp = exp.Sub(this=clamp, expression=exp.Literal.number(statistic.center))
+        # a whole centre as an integer literal: an integer clamp minus it stays an integer
+        center = _whole(statistic.center) \
+            if float(statistic.center).is_integer() and abs(statistic.center) <= 2**53 \
+            else exp.Literal.number(statistic.center)
+        clamp = exp.Sub(this=clamp, expression=center)
     bits = statistic.fixed_point_bits
     if bits is not None:
         scale = exp.Literal.number(_power_of_two(bits))

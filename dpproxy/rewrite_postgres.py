@@ -24,7 +24,8 @@ construct the analyzer accepts is rewritten as follows (children first):
 A bare column computes nothing and cannot raise: as a COUNT argument it is read as it
 is, and as a value to clamp (`clamp_source_postgres`) in DOUBLE PRECISION where the
 database stores it as an integer or floating-point type, which is much cheaper than a
-NUMERIC conversion per row (a NUMERIC column is clamped in NUMERIC). Aggregates stay
+NUMERIC conversion per row (a NUMERIC column is clamped in NUMERIC; an int column stored
+as an integer type, with whole bounds, in that type: `clamps_in_integer`). Aggregates stay
 NUMERIC up to the client, which reads them as Python floats (an out-of-range value
 becomes inf there instead of raising in the server).
 
@@ -454,6 +455,25 @@ def clamps_in_double(argument: exp.Expression, table: TablePolicy, lower: float,
         and column.storage in NATIVE_NUMBER_TYPES
 
 
+def clamps_in_integer(argument: exp.Expression, table: TablePolicy, lower: float,
+                      upper: float) -> bool:
+    """Whether an argument is clamped in its own integer type: a bare int column stored as
+    an integer type, with whole bounds well inside BIGINT. Its clamped values are whole
+    numbers already (no ROUND) and sum exactly, without a conversion per row."""
+    if not (isinstance(argument, exp.Column) and float(lower).is_integer()
+            and float(upper).is_integer() and max(abs(lower), abs(upper)) <= _INTEGER_SAFE):
+        return False
+    column = table.column(argument.name)
+    return column is not None and column.type == "int" \
+        and column.storage in NATIVE_INTEGER_TYPES
+
+
+# Whole bounds up to this keep a clamped value minus its centre inside BIGINT, and are
+# exact as floats
+_INTEGER_SAFE = 2**53
+
+
 # PostgreSQL's types (as format_type names them) whose values convert to DOUBLE PRECISION
 # without an error
-NATIVE_NUMBER_TYPES = frozenset({"smallint", "integer", "bigint", "real", "double precision"})
+NATIVE_INTEGER_TYPES = frozenset({"smallint", "integer", "bigint"})
+NATIVE_NUMBER_TYPES = NATIVE_INTEGER_TYPES | {"real", "double precision"}

@@ -40,6 +40,14 @@ aggregated per unit (10M rows with a quarter of them heavy: 0.2 against 0.35 s).
 heavy units hold more than half of the rows (`SPLIT_MAX_HEAVY_SHARE`) the split would
 cost more than it saves, and the bounded statement runs.
 
+A COUNT(*) of a whole table (no WHERE, no GROUP BY) needs no per-unit work at all once
+the heavy units are known: bounding keeps min(n, max_rows) of a unit's n rows, which is
+n for every unit but the heavy ones, so the bounded count is the table's row count less
+Σ (n − max_rows) over the heavy units (`Unbounded.excess_sql`). DuckDB keeps each heavy
+unit's row count with it, and reads the table's from its metadata: on 10M rows with 363k
+heavy units, 3 against 270 ms split, through a session. This form runs however many
+rows the heavy units hold.
+
 The check's result never leaves the proxy. What can be observed is time: a query is
 faster while no unit exceeds the bounds. Timing is outside the model dpproxy defends
 (as for any engine whose speed depends on data size); `[privacy] verify_bounds = false`
@@ -109,6 +117,7 @@ class BoundingCounts:
     skipped: int = 0
     enforced: int = 0
     split: int = 0
+    excess: int = 0  # bounded counts read as rows less the heavy units' excess rows
 
 
 @dataclass(frozen=True, eq=False)
@@ -126,6 +135,9 @@ class Unbounded:
     # the plain aggregate over units within the bounds plus the bounded one over the units
     # in the named table (`BoundCheck.heavy_table`); parameters as the bounded statement's
     generate_split: Callable[[str], str] | None = field(default=None, repr=False)
+    # a whole table's COUNT(*)s as its rows less the heavy units' rows over max_rows, from
+    # the named table of heavy units and their rows; no parameters
+    generate_excess: Callable[[str], str] | None = field(default=None, repr=False)
 
     @cached_property
     def sql(self) -> str:
@@ -136,6 +148,12 @@ class Unbounded:
         if self.generate_split is None:
             return None
         return self.generate_split(self.check.heavy_table)
+
+    @cached_property
+    def excess_sql(self) -> str | None:
+        if self.generate_excess is None:
+            return None
+        return self.generate_excess(self.check.heavy_table)
 
     @cached_property
     def late_sql(self) -> str | None:

@@ -160,14 +160,16 @@ def backend(policy: Policy) -> Iterator[Backend]:
 
 
 def counts(backend: Backend) -> tuple[int, int, int]:
+    """Checks read, statements run unbounded, and answers computed with bounding."""
     b = backend.bounding  # type: ignore[attr-defined]
-    return b.checks, b.skipped, b.enforced
+    return b.checks, b.skipped, bounded_runs(backend)
 
 
 def bounded_runs(backend: Backend) -> int:
-    """Statements run with bounding: whole, or for the heavy units only (split)."""
+    """Answers computed with bounding: by the bounded statement, for the heavy units only
+    (split), or as a whole table's count less the heavy units' excess rows."""
     b = backend.bounding  # type: ignore[attr-defined]
-    return int(b.enforced + b.split)
+    return int(b.enforced + b.split + b.excess)
 
 
 # -- the check -----------------------------------------------------------------------------------
@@ -270,8 +272,8 @@ def test_a_check_is_read_once_per_data(policy: Policy, backend: Backend) -> None
     before = counts(backend)
     for plan in plans:
         exact_rows(backend, plan, verify_bounds=True)
-    checks, skipped, enforced = (a - b for a, b in zip(counts(backend), before, strict=True))
-    assert (skipped, enforced) == (3, 1)  # without GROUP BY a unit has up to 4 rows
+    checks, skipped, bounded = (a - b for a, b in zip(counts(backend), before, strict=True))
+    assert (skipped, bounded) == (3, 1)  # without GROUP BY a unit has up to 4 rows
     if backend.dialect == "duckdb":
         assert checks == 2
     else:  # a snapshot may have changed between the queries (other tests write)
@@ -288,8 +290,11 @@ def test_over_the_bounds_the_backend_bounds(policy: Policy, backend: Backend) ->
     bounded = sum(min(n, MAX_ROWS) for n in rows_per_unit.values())
     assert bounded < len(TABLES["w"])
     before = counts(backend)
+    excess = backend.bounding.excess  # type: ignore[attr-defined]
     assert exact_rows(backend, plan, verify_bounds=True) == {(): (float(bounded),)}
     assert counts(backend)[2] == before[2] + 1
+    # DuckDB reads it off the heavy units (`Unbounded.excess_sql`)
+    assert backend.bounding.excess == excess + (backend.dialect == "duckdb")  # type: ignore[attr-defined]
 
 
 HEAVY = [
@@ -300,6 +305,8 @@ HEAVY = [
     # no count of units: on DuckDB, split
     "SELECT COUNT(*), COUNT(v), SUM(v), AVG(v), SUM(x) FROM TABLE",
     "SELECT g, COUNT(*), SUM(v), AVG(x) FROM TABLE GROUP BY g",
+    # on DuckDB, read off the heavy units
+    "SELECT COUNT(*) FROM TABLE",
 ]
 
 
@@ -382,6 +389,35 @@ def test_split_statement_computes_the_bounded_statistics(
         assert_same_statistics(split, bounded, keys)
     if keys == 0 and table != "n1":  # unit 0 was bounded: 50 rows count as max_rows
         assert int(split[0][0]) == len(TABLES[table]) - HEAVY_ROWS + MAX_ROWS
+
+
+@pytest.mark.parametrize("table", ["h", "h1", "hh", "n1", "s"])
+def test_whole_table_count_is_read_off_the_heavy_units(
+        tmp_path: Path, duckdb_file: Path, duckdb_backend: Backend, table: str) -> None:
+    """SELECT COUNT(*) without WHERE: the table's rows less the heavy units' rows over
+    max_rows, which is the bounded statement's count (unit 0's 50 rows count as
+    max_rows), whatever share of the rows the heavy units hold (hh: most); n1 adds a
+    NULL unit within the bounds and a unit of 3 rows in 3 groups, over max_rows here.
+    With a WHERE, beside another statistic, or of a column, the count is split as
+    before."""
+    policy = load_policy(write_policy(tmp_path, f'kind = "duckdb"\npath = "{duckdb_file}"'))
+    plan = plan_for(policy, f"SELECT COUNT(*), COUNT(*) * 2 FROM {table}", analyst=ANALYST)
+    rewritten = rewrite(plan, "duckdb")
+    before = duckdb_backend.bounding.excess  # type: ignore[attr-defined]
+    chosen = duckdb_backend.run_aggregate(rewritten.sql, rewritten.parameters(),
+                                          unbounded=rewritten.unbounded)
+    assert duckdb_backend.bounding.excess == before + 1  # type: ignore[attr-defined]
+    bounded = duckdb_backend.run_aggregate(rewritten.sql, rewritten.parameters())
+    assert chosen == bounded
+    units: dict[object, int] = {}
+    for row in TABLES[table]:
+        units[row[0]] = units.get(row[0], 0) + 1
+    assert chosen[0][0] == sum(min(n, MAX_ROWS) for n in units.values())
+    assert chosen[0][0] <= len(TABLES[table]) - HEAVY_ROWS + MAX_ROWS
+    for sql in (f"SELECT COUNT(*) FROM {table} WHERE v > 30", f"SELECT COUNT(*), SUM(v) "
+                f"FROM {table}", f"SELECT COUNT(v) FROM {table}"):
+        offered = rewrite(plan_for(policy, sql, analyst=ANALYST), "duckdb").unbounded
+        assert offered is not None and offered.excess_sql is None, sql
 
 
 @pytest.mark.parametrize(("table", "why"), [

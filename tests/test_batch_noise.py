@@ -2,8 +2,8 @@
 
 Statistical tests use fixed sample sizes and distribution-free bounds (DKW for CDFs,
 Hoeffding for frequencies; see tests/test_mechanisms.py), each with a false-failure
-probability <= 1e-7; there are 7 of them, so a correct implementation fails this file
-with probability <= 7e-7 per run. The other tests are deterministic.
+probability <= 1e-7; there are 8 of them, so a correct implementation fails this file
+with probability <= 8e-7 per run. The other tests are deterministic.
 """
 
 from __future__ import annotations
@@ -78,6 +78,32 @@ def test_sizes_and_empty_requests() -> None:
     assert [a.size for a in out] == [0, 1, 17]
     assert [a.size for a in b.discrete_gaussian([(2, 1, 0), (9, 4, 3)])] == [0, 3]
     assert b.discrete_laplace([]) == []
+
+
+def test_below_is_uniform() -> None:
+    """_below(b) against the uniform CDF on [0, b): bounds that take the masked words (6,
+    7, 120, 2^40 + 3·2^38, 3·2^62, 2^64 − 5) and those taken mod b (3, 5, 9, 1000,
+    2^40 + 1, 2^63 + 1). DKW, n = 20000 per bound, failure 1e-7/12 each. False-failure
+    rate <= 1e-7."""
+    bounds = [6, 7, 120, 2**40 + 3 * 2**38, 3 * 2**62, 2**64 - 5, 3, 5, 9, 1000, 2**40 + 1,
+              2**63 + 1]
+    n = 20000
+    eta = dkw_margin(n, FAILURE / len(bounds))
+    for bound in bounds:
+        draws = b._below(bound, n)
+        assert draws.size == n and draws.dtype.kind == "u" and int(draws.max()) < bound
+        # ranks in 1/1000ths of the range: a CDF at integer points, exact for bounds below
+        # 1000 and within 1/bound of the uniform's otherwise
+        cells = min(bound, 1000)
+        scaled = (draws.astype(object) * cells // bound).astype(np.int64)  # exactly
+        edges = np.array([-(-(c + 1) * bound // cells) for c in range(cells)], dtype=object)
+        cdf = edges.astype(np.float64) / bound  # P(draw < ⌈(c+1)·bound/cells⌉)
+
+        def uniform_cdf(k: np.ndarray, cdf: np.ndarray = cdf, cells: int = cells
+                        ) -> np.ndarray:
+            return np.where(k < 0, 0.0, cdf[np.clip(k, 0, cells - 1)])
+
+        assert ks_statistic(scaled.tolist(), uniform_cdf) <= eta, bound
 
 
 def test_first_failed_round_and_geometric() -> None:

@@ -40,13 +40,14 @@ aggregated per unit (10M rows with a quarter of them heavy: 0.2 against 0.35 s).
 heavy units hold more than half of the rows (`SPLIT_MAX_HEAVY_SHARE`) the split would
 cost more than it saves, and the bounded statement runs.
 
-A COUNT(*) of a whole table (no WHERE, no GROUP BY) needs no per-unit work at all once
-the heavy units are known: bounding keeps min(n, max_rows) of a unit's n rows, which is
-n for every unit but the heavy ones, so the bounded count is the table's row count less
-Σ (n − max_rows) over the heavy units (`Unbounded.excess_sql`). DuckDB keeps each heavy
-unit's row count with it, and reads the table's from its metadata: on 10M rows with 363k
-heavy units, 3 against 270 ms split, through a session. This form runs however many
-rows the heavy units hold.
+A COUNT(*) of a whole table (no WHERE, no GROUP BY) needs no per-unit work beyond the
+check's: bounding keeps min(n, max_rows) of a unit's n rows, so the bounded count is the
+table's row count less Σ max(n − max_rows, 0) over all units, which the check of a plan
+without GROUP BY reads too (`BoundCheck.excess`). Where the bounds do not hold, the
+backend runs `Unbounded.excess_for`: the table's COUNT(*) less that number, bound as a
+parameter, on the very data the check read (DuckDB: the file held read-only;
+PostgreSQL: the check's snapshot, as above). DuckDB answers COUNT(*) from metadata:
+10M rows with 363k units over the bound, 2.7 against 266 ms split, through a session.
 
 The check's result never leaves the proxy. What can be observed is time: a query is
 faster while no unit exceeds the bounds. Timing is outside the model dpproxy defends
@@ -77,7 +78,8 @@ SPLIT_MAX_HEAVY_SHARE = 0.5
 class BoundCheck:
     """A query over one table returning one row: the most rows any unit has in one group,
     and the most groups any unit has (NULLs on an empty table); with `counts_groups`, also
-    the number of distinct groups in the table, counted up to LATE_FILTER_GROUPS + 1."""
+    the number of distinct groups in the table, counted up to LATE_FILTER_GROUPS + 1; with
+    `counts_excess` (no group keys), Σ max(n − max_rows, 0) over the units' row counts n."""
 
     sql: str
     max_rows: int
@@ -87,6 +89,7 @@ class BoundCheck:
     # table's row count: what the split statement needs (see the module docstring)
     heavy_sql: str = ""
     rows_sql: str = ""
+    counts_excess: bool = False
 
     @cached_property
     def heavy_table(self) -> str:
@@ -99,6 +102,12 @@ class BoundCheck:
             return False
         rows, groups = (0 if v is None else int(v) for v in observed[:2])  # type: ignore[call-overload]
         return rows <= self.max_rows and groups <= self.max_groups
+
+    def excess(self, observed: Sequence[object] | None) -> int | None:
+        """The rows bounding drops from the whole table, as observed (None: not read)."""
+        if not self.counts_excess or observed is None or len(observed) < 3:
+            return None
+        return int(observed[2] or 0)  # type: ignore[call-overload]
 
     def few_groups(self, observed: Sequence[object] | None) -> bool:
         """Whether the table was seen to hold at most LATE_FILTER_GROUPS groups."""
@@ -117,7 +126,7 @@ class BoundingCounts:
     skipped: int = 0
     enforced: int = 0
     split: int = 0
-    excess: int = 0  # bounded counts read as rows less the heavy units' excess rows
+    excess: int = 0  # bounded counts run as the rows less the check's excess rows
 
 
 @dataclass(frozen=True, eq=False)
@@ -135,9 +144,8 @@ class Unbounded:
     # the plain aggregate over units within the bounds plus the bounded one over the units
     # in the named table (`BoundCheck.heavy_table`); parameters as the bounded statement's
     generate_split: Callable[[str], str] | None = field(default=None, repr=False)
-    # a whole table's COUNT(*)s as its rows less the heavy units' rows over max_rows, from
-    # the named table of heavy units and their rows; no parameters
-    generate_excess: Callable[[str], str] | None = field(default=None, repr=False)
+    # a whole table's COUNT(*)s as its rows less the check's excess rows (its parameter)
+    generate_excess: Callable[[], str] | None = field(default=None, repr=False)
 
     @cached_property
     def sql(self) -> str:
@@ -151,9 +159,16 @@ class Unbounded:
 
     @cached_property
     def excess_sql(self) -> str | None:
-        if self.generate_excess is None:
+        return self.generate_excess() if self.generate_excess is not None else None
+
+    def excess_for(self, observed: Sequence[object] | None
+                   ) -> tuple[str, tuple[int]] | None:
+        """The bounded count as the table's rows less the excess `observed` by the check,
+        with its parameter, where this plan has that form (`generate_excess`)."""
+        excess = self.check.excess(observed)
+        if excess is None or self.excess_sql is None:
             return None
-        return self.generate_excess(self.check.heavy_table)
+        return self.excess_sql, (excess,)
 
     @cached_property
     def late_sql(self) -> str | None:
@@ -185,10 +200,10 @@ def bound_check(table: str, unit: exp.Expression, keys: Sequence[exp.Expression]
     >>> from sqlglot import exp
     >>> print(bound_check("t", exp.column("uid", quoted=True), [], "duckdb", 5, 1).sql)
     ... # doctest: +NORMALIZE_WHITESPACE
-    SELECT MAX(__pair_rows), MAX(__unit_groups) FROM (SELECT __unit, COUNT(*) AS
-    __unit_groups, MAX(__pair_rows) AS __pair_rows FROM (SELECT __unit, COUNT(*) AS
-    __pair_rows FROM (SELECT "uid" AS __unit FROM "t") AS rows GROUP BY __unit) AS pairs
-    GROUP BY __unit) AS units
+    SELECT MAX(__pair_rows), MAX(__unit_groups), COALESCE(SUM(GREATEST(__pair_rows - 5,
+    0)), 0) FROM (SELECT __unit, COUNT(*) AS __unit_groups, MAX(__pair_rows) AS
+    __pair_rows FROM (SELECT __unit, COUNT(*) AS __pair_rows FROM (SELECT "uid" AS __unit
+    FROM "t") AS rows GROUP BY __unit) AS pairs GROUP BY __unit) AS units
     """
     key_names = [f"k{i}" for i in range(len(keys))]
     items = [exp.alias_(unit.copy(), UNIT),
@@ -215,6 +230,12 @@ def bound_check(table: str, unit: exp.Expression, keys: Sequence[exp.Expression]
     check = exp.select(exp.Max(this=exp.column(PAIR_ROWS)),
                        exp.Max(this=exp.column(UNIT_GROUPS)), copy=False).from_(
         units.subquery("units", copy=False), copy=False)
+    if not keys:  # one group per unit: its most rows in a group are its rows
+        over = exp.func("GREATEST", exp.Sub(this=exp.column(PAIR_ROWS),
+                                            expression=exp.Literal.number(max_rows)),
+                        exp.Literal.number(0))
+        check.select(exp.func("COALESCE", exp.Sum(this=over), exp.Literal.number(0)),
+                     copy=False)
     if counts_groups:
         assert keys, "only a GROUP BY has groups to count"
         key_rows = exp.select(*(exp.alias_(k.copy(), n) for k, n in
@@ -230,4 +251,4 @@ def bound_check(table: str, unit: exp.Expression, keys: Sequence[exp.Expression]
                      copy=False)
     return BoundCheck(check.sql(dialect=dialect, copy=False), max_rows, max_groups,
                       counts_groups, heavy.sql(dialect=dialect, copy=False),
-                      table_rows.sql(dialect=dialect, copy=False))
+                      table_rows.sql(dialect=dialect, copy=False), counts_excess=not keys)

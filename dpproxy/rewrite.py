@@ -52,7 +52,7 @@ from sqlglot import exp
 from .analyze import Analysis, GroupKey
 from .analyze.aggregates import Statistic
 from .analyze.expressions import make_resolver, type_row_expression
-from .bounds import UNIT_ROWS, BoundCheck, Unbounded, bound_check
+from .bounds import BoundCheck, Unbounded, bound_check
 from .plan import Measurement, QueryPlan
 from .policy import ColumnPolicy, TablePolicy
 from .quantiles import binning_for
@@ -573,16 +573,15 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     split = dialect == "duckdb" and unit_column is not None and unit_column.type in (
         "int", "text") and not plan.counts_units and all(
         m.statistic.kind != "count_units" for m in plan.measurements)
-    # a whole table's COUNT(*): its rows less the heavy units' rows over the bound
-    excess = split and not analysis.keys and analysis.where is None and all(
+    # a whole table's COUNT(*): its rows less the rows over the bound, as the check reads
+    excess = not analysis.keys and analysis.where is None and not plan.counts_units and all(
         m.statistic.kind == "count" and m.statistic.argument is None
         for m in plan.measurements)
     unbounded = Unbounded(lambda: generate(False), _check_for(plan, dialect, late), slots,
                           (lambda: generate(False, late=True)) if late else None,
                           (lambda heavy: _split_statement(plan, dialect, heavy))
                           if split else None,
-                          (lambda heavy: _excess_statement(plan, dialect, heavy))
-                          if excess else None)
+                          (lambda: _excess_statement(plan, dialect)) if excess else None)
     return Rewritten(keys, columns, salted, lambda: generate(True), unbounded, slots,
                      plan.counts_units)
 
@@ -713,16 +712,12 @@ def _split_statement(plan: QueryPlan, dialect: str, heavy_table: str) -> str:
     return _generate(outer, plan, dialect, salted)[0]
 
 
-def _excess_statement(plan: QueryPlan, dialect: str, heavy_table: str) -> str:
+def _excess_statement(plan: QueryPlan, dialect: str) -> str:
     """A whole table's bounded COUNT(*), for each of the plan's measurements: its rows
-    less Σ (n − max_rows) over the units in `heavy_table` (`dpproxy.bounds`), which are
-    exactly the units with n > max_rows rows, as no GROUP BY gives a unit one group."""
-    over = exp.func("GREATEST", exp.Sub(this=exp.column(UNIT_ROWS),
-                                        expression=exp.Literal.number(plan.contribution.max_rows)),
-                    exp.Literal.number(0))
-    excess = exp.select(exp.func("COALESCE", exp.Sum(this=over), exp.Literal.number(0)),
-                        copy=False).from_(exp.to_table(heavy_table, quoted=True), copy=False)
-    count = exp.Sub(this=exp.Count(this=exp.Star()), expression=exp.Subquery(this=excess))
+    less the rows bounding drops, Σ max(n − max_rows, 0) over the units' row counts n,
+    which the bound check reads (`BoundCheck.excess`) and the caller binds as $1."""
+    count = exp.Sub(this=exp.Count(this=exp.Star()),
+                    expression=exp.cast(exp.Parameter(this=exp.Literal.number(1)), _BIGINT))
     outer = exp.select(*(exp.alias_(count.copy(), m.column) for m in plan.measurements),
                        copy=False).from_(exp.to_table(plan.analysis.table.name, quoted=True),
                                          copy=False)

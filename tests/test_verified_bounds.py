@@ -181,11 +181,18 @@ def bounded_runs(backend: Backend) -> int:
 ])
 def test_check_reads_the_most_rows_per_group_and_groups_per_unit(
         backend: Backend, table: str, keys: list[str], maxima: tuple[int, int]) -> None:
+    """Without GROUP BY the check also reads the rows bounding drops: Σ max(n − 2, 0)."""
     check = bound_check(table, exp.column("uid", quoted=True),
                         [exp.column(k, quoted=True) for k in keys], backend.dialect, 2, 2)
     (row,) = backend.run_aggregate(check.sql)
-    assert tuple(int(v) for v in row) == maxima
+    assert tuple(int(v) for v in row[:2]) == maxima
     assert check.holds(row) == (maxima[0] <= 2 and maxima[1] <= 2)
+    units: dict[object, int] = {}
+    for r in TABLES[table]:
+        units[r[0]] = units.get(r[0], 0) + 1
+    dropped = sum(max(n - 2, 0) for n in units.values())
+    assert check.excess(row) == (None if keys else dropped)
+    assert len(row) == (2 if keys else 3)
 
 
 def test_check_on_an_empty_table_holds(backend: Backend) -> None:
@@ -195,8 +202,8 @@ def test_check_on_an_empty_table_holds(backend: Backend) -> None:
     empty = check.sql.replace('FROM "w"', 'FROM (SELECT * FROM "w" WHERE "uid" < 0) AS "w"')
     assert empty != check.sql
     (row,) = backend.run_aggregate(empty)
-    assert tuple(row) == (None, None) and check.holds(row)
-    assert not check.holds(None)
+    assert tuple(row) == (None, None, 0) and check.holds(row) and check.excess(row) == 0
+    assert not check.holds(None) and check.excess(None) is None
 
 
 def test_check_holds_only_within_both_bounds() -> None:
@@ -293,8 +300,8 @@ def test_over_the_bounds_the_backend_bounds(policy: Policy, backend: Backend) ->
     excess = backend.bounding.excess  # type: ignore[attr-defined]
     assert exact_rows(backend, plan, verify_bounds=True) == {(): (float(bounded),)}
     assert counts(backend)[2] == before[2] + 1
-    # DuckDB reads it off the heavy units (`Unbounded.excess_sql`)
-    assert backend.bounding.excess == excess + (backend.dialect == "duckdb")  # type: ignore[attr-defined]
+    # as the rows less the check's excess (`Unbounded.excess_for`)
+    assert backend.bounding.excess == excess + 1  # type: ignore[attr-defined]
 
 
 HEAVY = [
@@ -305,7 +312,7 @@ HEAVY = [
     # no count of units: on DuckDB, split
     "SELECT COUNT(*), COUNT(v), SUM(v), AVG(v), SUM(x) FROM TABLE",
     "SELECT g, COUNT(*), SUM(v), AVG(x) FROM TABLE GROUP BY g",
-    # on DuckDB, read off the heavy units
+    # the rows less the check's excess
     "SELECT COUNT(*) FROM TABLE",
 ]
 
@@ -391,23 +398,22 @@ def test_split_statement_computes_the_bounded_statistics(
         assert int(split[0][0]) == len(TABLES[table]) - HEAVY_ROWS + MAX_ROWS
 
 
-@pytest.mark.parametrize("table", ["h", "h1", "hh", "n1", "s"])
-def test_whole_table_count_is_read_off_the_heavy_units(
-        tmp_path: Path, duckdb_file: Path, duckdb_backend: Backend, table: str) -> None:
-    """SELECT COUNT(*) without WHERE: the table's rows less the heavy units' rows over
-    max_rows, which is the bounded statement's count (unit 0's 50 rows count as
-    max_rows), whatever share of the rows the heavy units hold (hh: most); n1 adds a
-    NULL unit within the bounds and a unit of 3 rows in 3 groups, over max_rows here.
-    With a WHERE, beside another statistic, or of a column, the count is split as
-    before."""
-    policy = load_policy(write_policy(tmp_path, f'kind = "duckdb"\npath = "{duckdb_file}"'))
+@pytest.mark.parametrize("table", ["h", "h1", "hh", "n1", "n2", "s"])
+def test_whole_table_count_is_its_rows_less_the_checks_excess(
+        policy: Policy, backend: Backend, table: str) -> None:
+    """SELECT COUNT(*) without WHERE, over the bounds: the table's rows less the rows the
+    check saw bounding drop, on both backends. It is the bounded statement's count and
+    Σ min(n, max_rows) over the units (unit 0's 50 rows count as max_rows), whatever
+    share of the rows the heavy units hold (hh: most), NULL units included (n1: one
+    within the bounds; n2: one of 50 rows). With a WHERE, beside another statistic, or of
+    a column, the count is bounded as before."""
     plan = plan_for(policy, f"SELECT COUNT(*), COUNT(*) * 2 FROM {table}", analyst=ANALYST)
-    rewritten = rewrite(plan, "duckdb")
-    before = duckdb_backend.bounding.excess  # type: ignore[attr-defined]
-    chosen = duckdb_backend.run_aggregate(rewritten.sql, rewritten.parameters(),
-                                          unbounded=rewritten.unbounded)
-    assert duckdb_backend.bounding.excess == before + 1  # type: ignore[attr-defined]
-    bounded = duckdb_backend.run_aggregate(rewritten.sql, rewritten.parameters())
+    rewritten = rewrite(plan, backend.dialect)
+    before = backend.bounding.excess  # type: ignore[attr-defined]
+    chosen = backend.run_aggregate(rewritten.sql, rewritten.parameters(),
+                                   unbounded=rewritten.unbounded)
+    assert backend.bounding.excess == before + 1  # type: ignore[attr-defined]
+    bounded = backend.run_aggregate(rewritten.sql, rewritten.parameters())
     assert chosen == bounded
     units: dict[object, int] = {}
     for row in TABLES[table]:
@@ -416,7 +422,7 @@ def test_whole_table_count_is_read_off_the_heavy_units(
     assert chosen[0][0] <= len(TABLES[table]) - HEAVY_ROWS + MAX_ROWS
     for sql in (f"SELECT COUNT(*) FROM {table} WHERE v > 30", f"SELECT COUNT(*), SUM(v) "
                 f"FROM {table}", f"SELECT COUNT(v) FROM {table}"):
-        offered = rewrite(plan_for(policy, sql, analyst=ANALYST), "duckdb").unbounded
+        offered = rewrite(plan_for(policy, sql, analyst=ANALYST), backend.dialect).unbounded
         assert offered is not None and offered.excess_sql is None, sql
 
 

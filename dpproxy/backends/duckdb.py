@@ -14,20 +14,12 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
 import duckdb
 
-from ..bounds import (
-    SPLIT_MAX_HEAVY_SHARE,
-    UNIT,
-    UNIT_ROWS,
-    BoundCheck,
-    BoundingCounts,
-    Unbounded,
-)
+from ..bounds import SPLIT_MAX_HEAVY_SHARE, UNIT, BoundCheck, BoundingCounts, Unbounded
 from ..errors import BackendError, InvalidPolicy
 from ..policy import Policy
 from .shared_scans import SharedScans
@@ -37,7 +29,7 @@ PREPARED_STATEMENTS = os.environ.get("DPPROXY_PREPARED", "on").lower() != "off"
 PREPARED_PER_THREAD = 64  # statements each thread's cursor keeps prepared
 DISABLED_OPTIMIZERS = "common_subplan"
 # "off": a query over data where some unit exceeds the bounds runs bounded whole, never as
-# the split statement or a count read off the heavy units (`dpproxy.bounds`), for A/B
+# the split statement or a count less the check's excess rows (`dpproxy.bounds`), for A/B
 # benchmarks.
 SPLIT_BOUNDING = os.environ.get("DPPROXY_SPLIT_BOUNDING", "on").lower() != "off"
 # "off": every statement runs alone, none shares a scan, for A/B benchmarks.
@@ -120,17 +112,6 @@ class _Prepared:
         return None
 
 
-@dataclass(frozen=True)
-class HeavyUnits:
-    """A check's units over the bounds, each with its row count; `split_pays`: they hold
-    at most SPLIT_MAX_HEAVY_SHARE of the table's rows (else splitting costs more than it
-    saves, see `dpproxy.bounds`)."""
-
-    units: list[object]
-    rows: list[int]
-    split_pays: bool
-
-
 class DuckDBBackend:
     dialect = "duckdb"
 
@@ -165,8 +146,8 @@ class DuckDBBackend:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._checks: dict[str, tuple[object, ...] | None] = {}  # check SQL → observed maxima
-        # check SQL → its heavy units (None: not listable)
-        self._heavy: dict[str, HeavyUnits | None] = {}
+        # check SQL → its heavy units, where the split statement is worth running
+        self._heavy: dict[str, list[object] | None] = {}
         self.bounding = BoundingCounts()
         self.shared = SharedScans(self._run)
 
@@ -207,15 +188,16 @@ class DuckDBBackend:
                       unbounded: Unbounded | None = None) -> list[tuple[object, ...]]:
         shareable = False
         if unbounded is not None:
-            plain = unbounded.sql_for(self._observed(unbounded.check))
+            observed = self._observed(unbounded.check)
+            plain = unbounded.sql_for(observed)
             if plain is not None:
                 sql, parameters = plain, unbounded.parameters(parameters)
                 self.bounding.skipped += 1
                 # only the statement without bounding can be shared (and only it is worth
                 # parsing to see whether it can: a bounded one is large and never can)
                 shareable = SHARED_SCANS
-            elif (excess := self._excess(unbounded)) is not None:
-                sql, parameters = excess, ()
+            elif SPLIT_BOUNDING and (excess := unbounded.excess_for(observed)) is not None:
+                sql, parameters = excess
                 self.bounding.excess += 1
             elif (split := self._split(unbounded)) is not None:
                 sql = split  # the bounded statement's parameters
@@ -253,56 +235,42 @@ class DuckDBBackend:
         table made on this thread's cursor; None: run the bounded statement."""
         if not SPLIT_BOUNDING or unbounded.generate_split is None:
             return None
-        heavy = self._heavy_table(unbounded.check)
-        return unbounded.split_sql if heavy is not None and heavy.split_pays else None
-
-    def _excess(self, unbounded: Unbounded) -> str | None:
-        """The whole table's bounded COUNT(*) read off its heavy units, where offered
-        (`Unbounded.excess_sql`); None: split or bound as otherwise."""
-        if not SPLIT_BOUNDING or unbounded.generate_excess is None:
-            return None
-        return unbounded.excess_sql if self._heavy_table(unbounded.check) is not None \
-            else None
-
-    def _heavy_table(self, check: BoundCheck) -> HeavyUnits | None:
-        """The check's heavy units, read once, in their temporary table on this thread's
-        cursor (`BoundCheck.heavy_table`); None where they cannot be listed."""
+        check = unbounded.check
         with self._lock:
             known = check.sql in self._heavy
-            heavy = self._heavy.get(check.sql)
+            units = self._heavy.get(check.sql)
         if not known:
-            heavy = self._heavy_units(check)
+            units = self._heavy_units(check)
             with self._lock:
-                self._heavy[check.sql] = heavy
-        if heavy is None:
+                self._heavy[check.sql] = units
+        if units is None:
             return None
         made: set[str] = self._local.__dict__.setdefault("heavy_tables", set())
         if check.heavy_table not in made:
             try:
                 # a temporary table belongs to its cursor: each thread's makes its own
-                self._cursor().execute(
-                    f'CREATE TEMPORARY TABLE "{check.heavy_table}" AS SELECT UNNEST($1) AS '
-                    f"{UNIT}, UNNEST($2) AS {UNIT_ROWS}", [heavy.units, heavy.rows])
+                self._cursor().execute(f'CREATE TEMPORARY TABLE "{check.heavy_table}" AS '
+                                       f"SELECT UNNEST($1) AS {UNIT}", [units])
             except duckdb.Error:
                 return None
             made.add(check.heavy_table)
-        return heavy
+        return unbounded.split_sql
 
-    def _heavy_units(self, check: BoundCheck) -> HeavyUnits | None:
-        """The units over the bounds and their rows; None where they cannot be listed (a
-        NULL unit is one of them, or the read fails)."""
+    def _heavy_units(self, check: BoundCheck) -> list[object] | None:
+        """The units over the bounds, read once; None where splitting would not pay (they
+        hold more than SPLIT_MAX_HEAVY_SHARE of the rows) or is not possible (a NULL
+        unit is one of them, or the read fails)."""
         try:
             cursor = self._cursor()
             heavy = cursor.execute(check.heavy_sql).fetchall()
             counted = cursor.execute(check.rows_sql).fetchone()
         except duckdb.Error:
             return None
-        if any(unit is None for unit, _ in heavy):
+        rows = int(counted[0]) if counted else 0
+        if any(unit is None for unit, _ in heavy) or \
+                sum(int(n) for _, n in heavy) > SPLIT_MAX_HEAVY_SHARE * rows:  # type: ignore[call-overload]
             return None
-        rows = [int(n) for _, n in heavy]  # type: ignore[call-overload]
-        table_rows = int(counted[0]) if counted else 0
-        return HeavyUnits([unit for unit, _ in heavy], rows,
-                          sum(rows) <= SPLIT_MAX_HEAVY_SHARE * table_rows)
+        return [unit for unit, _ in heavy]
 
     def column_types(self, tables: Sequence[str]) -> dict[tuple[str, str], str]:
         """The type of each column of these tables, by lowercase (table, column)."""

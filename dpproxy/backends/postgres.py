@@ -208,10 +208,16 @@ class PostgresBackend:
                 if unbounded is None:
                     return _run(cursor, sql, parameters)
                 try:
-                    plain = unbounded.sql_for(self._observed(conn, cursor, unbounded.check))
+                    observed = self._observed(conn, cursor, unbounded.check)
+                    plain = unbounded.sql_for(observed)
                     if plain is not None:
                         sql, parameters = plain, unbounded.parameters(parameters)
                         self.bounding.skipped += 1
+                    elif (excess := unbounded.excess_for(observed)) is not None:
+                        # in the check's snapshot, as the check and the query share one
+                        # transaction (or an equal snapshot)
+                        sql, parameters = excess
+                        self.bounding.excess += 1
                     else:
                         self.bounding.enforced += 1
                     return _run(cursor, sql, parameters)

@@ -47,7 +47,7 @@ without GROUP BY reads too (`BoundCheck.excess`). Where the bounds do not hold, 
 backend runs `Unbounded.excess_for`: the table's COUNT(*) less that number, bound as a
 parameter, on the very data the check read (DuckDB: the file held read-only;
 PostgreSQL: the check's snapshot, as above). DuckDB answers COUNT(*) from metadata:
-10M rows with 363k units over the bound, 2.7 against 266 ms split, through a session.
+10M rows with 363k units over the bound, 1.3 against 266 ms split, through a session.
 
 The check's result never leaves the proxy. What can be observed is time: a query is
 faster while no unit exceeds the bounds. Timing is outside the model dpproxy defends

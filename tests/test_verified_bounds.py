@@ -15,6 +15,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -159,6 +160,11 @@ def backend(policy: Policy) -> Iterator[Backend]:
     opened.close()
 
 
+def unit_rows(table: str) -> dict[object, int]:
+    """Each unit's row count in one of TABLES (NULL units as one, as GROUP BY has them)."""
+    return dict(Counter(row[0] for row in TABLES[table]))
+
+
 def counts(backend: Backend) -> tuple[int, int, int]:
     """Checks read, statements run unbounded, and answers computed with bounding."""
     b = backend.bounding  # type: ignore[attr-defined]
@@ -167,7 +173,7 @@ def counts(backend: Backend) -> tuple[int, int, int]:
 
 def bounded_runs(backend: Backend) -> int:
     """Answers computed with bounding: by the bounded statement, for the heavy units only
-    (split), or as a whole table's count less the heavy units' excess rows."""
+    (split), or as a whole table's count less the rows the check saw bounding drop."""
     b = backend.bounding  # type: ignore[attr-defined]
     return int(b.enforced + b.split + b.excess)
 
@@ -187,10 +193,7 @@ def test_check_reads_the_most_rows_per_group_and_groups_per_unit(
     (row,) = backend.run_aggregate(check.sql)
     assert tuple(int(v) for v in row[:2]) == maxima
     assert check.holds(row) == (maxima[0] <= 2 and maxima[1] <= 2)
-    units: dict[object, int] = {}
-    for r in TABLES[table]:
-        units[r[0]] = units.get(r[0], 0) + 1
-    dropped = sum(max(n - 2, 0) for n in units.values())
+    dropped = sum(max(n - 2, 0) for n in unit_rows(table).values())
     assert check.excess(row) == (None if keys else dropped)
     assert len(row) == (2 if keys else 3)
 
@@ -291,10 +294,7 @@ def test_over_the_bounds_the_backend_bounds(policy: Policy, backend: Backend) ->
     """Without GROUP BY, w has units of 3 and 4 rows: the check fails and COUNT(*) is the
     bounded one, Σ min(rows, 2), never the plain row count."""
     plan = plan_for(policy, "SELECT COUNT(*) FROM w", analyst=ANALYST)
-    rows_per_unit: dict[int, int] = {}
-    for row in TABLES["w"]:
-        rows_per_unit[row[0]] = rows_per_unit.get(row[0], 0) + 1
-    bounded = sum(min(n, MAX_ROWS) for n in rows_per_unit.values())
+    bounded = sum(min(n, MAX_ROWS) for n in unit_rows("w").values())
     assert bounded < len(TABLES["w"])
     before = counts(backend)
     excess = backend.bounding.excess  # type: ignore[attr-defined]
@@ -415,10 +415,7 @@ def test_whole_table_count_is_its_rows_less_the_checks_excess(
     assert backend.bounding.excess == before + 1  # type: ignore[attr-defined]
     bounded = backend.run_aggregate(rewritten.sql, rewritten.parameters())
     assert chosen == bounded
-    units: dict[object, int] = {}
-    for row in TABLES[table]:
-        units[row[0]] = units.get(row[0], 0) + 1
-    assert chosen[0][0] == sum(min(n, MAX_ROWS) for n in units.values())
+    assert chosen[0][0] == sum(min(n, MAX_ROWS) for n in unit_rows(table).values())
     assert chosen[0][0] <= len(TABLES[table]) - HEAVY_ROWS + MAX_ROWS
     for sql in (f"SELECT COUNT(*) FROM {table} WHERE v > 30", f"SELECT COUNT(*), SUM(v) "
                 f"FROM {table}", f"SELECT COUNT(v) FROM {table}"):

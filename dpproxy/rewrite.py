@@ -342,8 +342,11 @@ def _clamp(statistic: Statistic, table: TablePolicy, dialect: str
     assert statistic.argument is not None
     if dialect == "postgres" and clamps_in_integer(statistic.argument, table, statistic.lower,
                                                    statistic.upper):
-        # the column as stored: a NULL fails both comparisons and stays NULL
-        column = exp.column(statistic.argument.name, quoted=True)
+        # the column as stored, by its policy name (the query may spell it in other
+        # case): a NULL fails both comparisons and stays NULL
+        stored = table.column(statistic.argument.name)
+        assert stored is not None
+        column = exp.column(stored.name, quoted=True)
         low, high = _whole(statistic.lower), _whole(statistic.upper)
         return exp.Case(ifs=[exp.If(this=exp.LT(this=column, expression=low), true=low.copy()),
                              exp.If(this=exp.GT(this=column.copy(), expression=high),
@@ -382,7 +385,10 @@ def _clamp(statistic: Statistic, table: TablePolicy, dialect: str
 
 
 def _whole(value: float) -> exp.Expression:
-    """A whole number as an integer literal (negative ones as a negation)."""
+    """A whole number up to 2^53 as an integer literal (negative ones as a negation); any
+    other number as it is."""
+    if not (float(value).is_integer() and abs(value) <= 2**53):
+        return exp.Literal.number(value)
     literal = exp.Literal.number(abs(int(value)))
     return exp.Neg(this=literal) if value < 0 else literal
 
@@ -400,10 +406,7 @@ def clamped(statistic: Statistic, table: TablePolicy, dialect: str) -> exp.Expre
     clamp, guard = _clamp(statistic, table, dialect)
     if statistic.center:
         # a whole centre as an integer literal: an integer clamp minus it stays an integer
-        center = _whole(statistic.center) \
-            if float(statistic.center).is_integer() and abs(statistic.center) <= 2**53 \
-            else exp.Literal.number(statistic.center)
-        clamp = exp.Sub(this=clamp, expression=center)
+        clamp = exp.Sub(this=clamp, expression=_whole(statistic.center))
     bits = statistic.fixed_point_bits
     if bits is not None:
         scale = exp.Literal.number(_power_of_two(bits))

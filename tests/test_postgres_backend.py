@@ -576,6 +576,34 @@ def test_a_numeric_column_beyond_double_range_raises_nothing(
                 assert session.execute(sql.replace(" n", f" {table}")).columns
 
 
+def test_an_integer_column_is_clamped_by_its_policy_name(
+        pg_dsn: str, tmp_path: Path) -> None:
+    """A BIGINT column named "Hx" in the database and the policy, spelt hx in the query:
+    clamped in its own type, under the name the database knows. Exact statistics, before
+    noise: SUM and AVG's sum of the clamped values, unit by unit (one row each)."""
+    values = [-3, 0, 4, 10, 25, None]
+    with scratch_database(pg_dsn) as dsn:
+        with psycopg.connect(dsn, autocommit=True) as con:
+            con.execute('CREATE TABLE m (uid INTEGER, "Hx" BIGINT)')
+            with con.cursor() as cur:
+                cur.executemany("INSERT INTO m VALUES (%s, %s)", list(enumerate(values)))
+        policy = tmp_path / "m.toml"
+        policy.write_text(
+            f'[backend]\nkind = "postgres"\ndsn = "{dsn}"\n[tables.m]\nprivacy_unit = "uid"\n'
+            '[tables.m.columns]\nuid = { type = "int" }\n'
+            'Hx = { type = "int", lower = 0, upper = 10 }\n'
+            '[analysts.a]\nbudget = { epsilon = 100.0, delta = 0.1 }\ntables = ["m"]\n')
+        with Engine.from_path(policy) as engine:
+            assert engine.policy.tables["m"].columns["Hx"].storage == "bigint"
+            clamped_sum = sum(min(max(v, 0), 10) for v in values if v is not None)
+            plan = plan_for(engine.policy, "SELECT SUM(hx) FROM m", analyst="a")
+            assert exact_rows(engine.backend, plan) == {(): (float(clamped_sum),)}
+            avg = plan_for(engine.policy, "SELECT AVG(hx) FROM m", analyst="a")
+            # AVG's sum is centred on 5: Σ (clamp − 5) over the 5 non-NULL values
+            (sums,) = [i for i, m in enumerate(avg.measurements) if m.statistic.kind == "sum"]
+            assert exact_rows(engine.backend, avg)[()][sums] == float(clamped_sum - 5 * 5)
+
+
 def test_statement_timeout_is_enforced_by_the_server(scratch: str) -> None:
     backend = PostgresBackend(scratch, ["secret"], statement_timeout_s=0.2)
     try:

@@ -244,6 +244,59 @@ def discrete_laplace(params: Sequence[tuple[int, int, int]]) -> list[np.ndarray]
                          else cs) for cs in _first_accepted([m for _, _, m in params], trials)]
 
 
+def discrete_laplace_reaching(t: int, s: int, least: np.ndarray
+                              ) -> tuple[np.ndarray, np.ndarray]:
+    """For each lane j a draw Z_j with P(x) ∝ exp(-|x|·s/t), as `discrete_laplace` gives,
+    kept only where Z_j >= least[j] (|least| < 2^62): the kept lanes (ascending) and
+    their draws.
+
+    The same law as drawing every Z_j and comparing, with fewer whole draws. Let
+    a = exp(-s/t), p = t/gcd(t, s), so that a^p = exp(-s/gcd(t, s)) is a whole power of
+    exp(-1). For j >= 0, P(Z >= j) = a^j/(1+a), and Z given Z >= j is j + G with
+    P(G = g) = (1−a)·a^g. So for k = least[j] = m + r > 0, m = p·⌊k/p⌋:
+    P(Z >= k) = a^m · P(Z' >= r) and Z given Z >= k is m + (Z' given Z' >= r). The lane
+    first passes [E >= m·s/t] for a count E of exp(-1) successes (P = e^{-m·s/t} = a^m),
+    which few lanes far below their least do, and only then draws a whole Z', kept as
+    m + Z' when Z' >= r. Lanes with k <= 0 draw Z and compare, as without this.
+    (Partition selection: most candidate groups lie far below the threshold.)"""
+    least = np.asarray(least, dtype=np.int64)
+    assert least.size == 0 or int(np.abs(least).max()) < _I64_SAFE
+    period = t // math.gcd(t, s)
+    far = np.flatnonzero(least > 0)
+    shift = np.zeros(least.size, dtype=np.int64)  # m per lane
+    if far.size:
+        periods = least[far] // period
+        if int(periods.max()) * (s // math.gcd(t, s)) >= _I64_SAFE:
+            periods[:] = 0  # a count that large is never drawn: leave it to whole draws
+        need = periods * (s // math.gcd(t, s))
+        if need.any():
+            far = far[_geometric(far.size) >= need]
+            shift[far] = least[far] // period * period
+    lanes = np.flatnonzero(least <= 0) if far.size == 0 \
+        else np.sort(np.concatenate([np.flatnonzero(least <= 0), far]))
+    z = discrete_laplace([(t, s, lanes.size)])[0]
+    kept = np.asarray(z >= least[lanes] - shift[lanes], dtype=bool)
+    lanes = lanes[kept]
+    return lanes, _noisy(shift[lanes], z[kept], 1.0)  # m + Z' (m = 0 below the least)
+
+
+def laplace_reaching(values: np.ndarray, t: int, s: int, threshold: int
+                     ) -> tuple[np.ndarray, np.ndarray] | None:
+    """at_least(values + discrete Laplace noise (t, s), threshold) in law, by
+    `discrete_laplace_reaching`; None where values or threshold are too large for it."""
+    if abs(threshold) >= _I64_SAFE // 2 \
+            or (values.size and int(np.abs(values).max()) >= _I64_SAFE // 2):
+        return None
+    lanes, noise = discrete_laplace_reaching(t, s, threshold - values.astype(np.int64))
+    return lanes, _noisy(values[lanes].astype(np.int64), noise, 1.0)
+
+
+def at_least(noisy: np.ndarray, threshold: int) -> tuple[np.ndarray, np.ndarray]:
+    """The indices (ascending) of the values reaching the threshold, and those values."""
+    lanes = np.flatnonzero(np.asarray(noisy >= threshold, dtype=bool))
+    return lanes, noisy[lanes]
+
+
 def _first_accepted(wanted: Sequence[int],
                     trials: Callable[[list[int], list[int]], list[np.ndarray]]
                     ) -> list[list[np.ndarray]]:

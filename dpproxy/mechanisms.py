@@ -49,6 +49,7 @@ __all__ = [
     "release",
     "release_array",
     "release_many",
+    "release_reaching",
     "release_vectors",
     "sample_discrete_gaussian",
     "sample_discrete_laplace",
@@ -541,6 +542,23 @@ def release_array(exact_values: Sequence[float] | np.ndarray, spec: NoiseSpec) -
     object array of its Python numbers): for callers that go on in numpy."""
     noisy = _release_vectors([(exact_values, spec)])[0]
     return batch_noise.object_array(noisy) if isinstance(noisy, list) else noisy
+
+
+def release_reaching(exact_values: Sequence[float] | np.ndarray, spec: NoiseSpec,
+                     threshold: int) -> tuple[np.ndarray, np.ndarray]:
+    """The indices i (ascending) where release(exact_values[i], spec) >= threshold, and
+    those released values (as release_array gives them): partition selection's step. In
+    law it is release_array() and the comparison; Laplace noise on the unit grid draws a
+    whole noise value only where it may reach the threshold (see
+    `batch_noise.discrete_laplace_reaching`)."""
+    n, d = _grid_fraction(spec)
+    if spec.mechanism == "laplace" and spec.granularity == 1.0 \
+            and len(exact_values) >= _VECTOR_MIN and batch_noise.batch_supported("laplace", n, d):
+        grid = batch_noise.snapped(exact_values, 1.0)
+        reached = None if grid is None else batch_noise.laplace_reaching(grid, n, d, threshold)
+        if reached is not None:
+            return reached
+    return batch_noise.at_least(release_array(exact_values, spec), threshold)
 
 
 def _release_vectors(vectors: Sequence[tuple[Sequence[float], NoiseSpec]]

@@ -24,7 +24,7 @@ from sqlglot import exp
 from .analyze import AggregateCall, Analysis, GroupKey, Output
 from .analyze.aggregates import combine, interval
 from .analyze.keys import normalize_key
-from .mechanisms import half_width, release_array, release_many, release_vectors
+from .mechanisms import half_width, release_reaching, release_vectors
 from .plan import Measurement, QueryPlan
 from .postprocess import AggregateRef, Value, evaluate, monotone_of
 from .quantiles import decode_histogram, rank_error, release_quantile
@@ -331,11 +331,9 @@ def _selected(selection: SelectionSpec, exact: dict[tuple[object, ...], tuple[fl
     column = -1 if selection.measurement is None else selection.measurement
     candidates = list(exact)
     counts = _finite_column(list(map(operator.itemgetter(column), exact.values())))
-    noisy = release_many(counts, selection.noise)
-    threshold = effective_threshold(selection)
-    kept = _key_sorted(list(itertools.compress(
-        zip(candidates, noisy, strict=True),
-        map(operator.ge, noisy, itertools.repeat(threshold)))))
+    lanes, noisy = release_reaching(counts, selection.noise, effective_threshold(selection))
+    kept = _key_sorted([(candidates[i], n)
+                        for i, n in zip(lanes.tolist(), noisy.tolist(), strict=True)])
     return [g for g, _ in kept], [n for _, n in kept]
 
 
@@ -356,8 +354,8 @@ def _selected_columns(analysis: Analysis, selection: SelectionSpec,
                       ) -> tuple[list[tuple[object, ...]], list[float],
                                  list[tuple[object, ...]]] | None:
     """_selected and the exact statistics of the groups it keeps, as `release` reads them
-    from _exact_by_group, computed column-wise: the threshold is a numpy mask over all
-    candidates and only the kept groups become tuples. None where that would not be the
+    from _exact_by_group, computed column-wise: `release_reaching` picks the candidates
+    and only the kept groups become tuples. None where that would not be the
     very same (the caller then reads the rows): a few rows (not worth it), or two rows
     whose keys normalize to one group (the dict keeps the first one's place and the last
     one's statistics)."""
@@ -374,21 +372,22 @@ def _selected_columns(analysis: Analysis, selection: SelectionSpec,
     # the count each candidate is selected by: the last column (its units) or a measurement
     column = width - 1 if selection.measurement is None else key_count + selection.measurement
     counts = _count_values(list(map(operator.itemgetter(column), rows)))
-    noisy = release_array(counts, selection.noise)  # type: ignore[arg-type]
-    reached = np.asarray(noisy >= effective_threshold(selection), dtype=bool)
-    picked: list[int] = np.flatnonzero(reached).tolist()
+    lanes, noisy = release_reaching(counts, selection.noise,  # type: ignore[arg-type]
+                                    effective_threshold(selection))
+    picked: list[int] = lanes.tolist()
     # the kept candidates in key order (as _selected sorts them: the same sort, on the same
-    # groups in the same order, so ties, e.g. of NaN, fall alike)
+    # groups in the same order, so ties, e.g. of NaN, fall alike); `order` places each
     if key_count == 1 and _plain_column(kept := [keys[0][i] for i in picked]):
-        picked = [picked[i] for i in sorted(range(len(picked)), key=kept.__getitem__)]
+        order = sorted(range(len(picked)), key=kept.__getitem__)
+        picked = [picked[j] for j in order]
         groups = [(keys[0][i],) for i in picked]
     else:
-        pairs = _key_sorted([(tuple(c[i] for c in keys), i) for i in picked])
-        groups, picked = [g for g, _ in pairs], [i for _, i in pairs]
-    order = np.array(picked, dtype=np.intp)
+        pairs = _key_sorted([(tuple(c[i] for c in keys), j) for j, i in enumerate(picked)])
+        groups, order = [g for g, _ in pairs], [j for _, j in pairs]
+        picked = [picked[j] for j in order]
     stats = [[rows[i][j] for i in picked] for j in range(key_count, width)]
     stat_rows = list(zip(*map(_statistic_column, stats), strict=True))
-    return groups, noisy[order].tolist(), stat_rows
+    return groups, noisy[np.array(order, dtype=np.intp)].tolist(), stat_rows
 
 
 def _count_values(values: list[object]) -> Sequence[float]:

@@ -2,8 +2,8 @@
 
 Statistical tests use fixed sample sizes and distribution-free bounds (DKW for CDFs,
 Hoeffding for frequencies; see tests/test_mechanisms.py), each with a false-failure
-probability <= 1e-7; there are 8 of them, so a correct implementation fails this file
-with probability <= 8e-7 per run. The other tests are deterministic.
+probability <= 1e-7; there are 9 of them, so a correct implementation fails this file
+with probability <= 9e-7 per run. The other tests are deterministic.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from dpproxy.errors import InvalidParameterValue
 from dpproxy.policy import ColumnPolicy
 
 from .test_mechanisms import (
+    bernstein_margin,
     dkw_margin,
     gaussian_pmf,
     hoeffding_margin,
@@ -71,6 +72,88 @@ def test_discrete_gaussian_distribution() -> None:
         assert noise.size == n
         stat = ks_statistic(noise.tolist(), table_cdf(*gaussian_pmf(float(sigma_sq))))
         assert stat <= eta, (sigma_sq, stat, eta)
+
+
+# (t, s) of P(x) ∝ exp(-|x|·s/t): period t/gcd(t, s) = 5; 20 with s/gcd = 3; s > t; and a
+# period longer than any least (every lane draws whole)
+REACHING_SCALES = [(5, 1), (40, 6), (3, 10), (12345678, 7)]
+REACHING_LEAST = [-7, 0, 1, 4, 5, 11, 23, 45]
+
+
+def test_laplace_reaching_distribution() -> None:
+    """discrete_laplace_reaching against the law of a whole draw kept where Z >= least:
+    per (scale, least), how often a lane is kept (Bernstein, with the variance of the exact
+    probability: rare keeps too are checked) and the kept draws' CDF, that of Z given
+    Z >= least (DKW on the n kept, which given n are i.i.d. from it). 20000 lanes per least,
+    all leasts of a scale in one shuffled call; 4 · 8 · 2 tests, failure 1e-7/64 each.
+    False-failure rate <= 1e-7."""
+    n = 20000
+    tests = len(REACHING_SCALES) * len(REACHING_LEAST) * 2
+    for t, s in REACHING_SCALES:
+        least = np.repeat(np.array(REACHING_LEAST, dtype=np.int64), n)
+        order = np.array(random.Random(t).sample(range(least.size), least.size))
+        least = least[order]
+        lanes, z = b.discrete_laplace_reaching(t, s, least)
+        assert (np.diff(lanes) > 0).all() and (z >= least[lanes]).all()
+        cdf = laplace_cdf(t / s)
+        for k in REACHING_LEAST:
+            kept = z[least[lanes] == k]
+            reach = 1 - float(cdf(np.array([k - 1]))[0])  # P(Z >= k)
+            margin = bernstein_margin(n, reach * (1 - reach), 1.0, FAILURE / tests)
+            assert abs(kept.size / n - reach) <= margin, \
+                (t, s, k, kept.size / n, reach)
+            if kept.size:
+                def given(x: np.ndarray, k: int = k, reach: float = reach,
+                          cdf: Any = cdf) -> np.ndarray:
+                    return np.where(x < k, 0.0, (cdf(x) - (1 - reach)) / reach)
+                stat = ks_statistic(kept.tolist(), given)
+                assert stat <= dkw_margin(kept.size, FAILURE / tests), (t, s, k, stat)
+
+
+def test_laplace_reaching_draws_whole_only_where_it_may_reach(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lane 80 periods below its least asks for no whole draw (it would with probability
+    e^-80 each); every lane at or above its least does, once. Leasts too large for int64
+    arithmetic leave every lane to a whole draw."""
+    asked: list[int] = []
+    whole = b.discrete_laplace
+
+    def spy(params: list[tuple[int, int, int]]) -> list[np.ndarray]:
+        asked.extend(m for _, _, m in params)
+        return whole(params)
+
+    monkeypatch.setattr(b, "discrete_laplace", spy)
+    least = np.array([400] * 5000 + [0, -3, -1000], dtype=np.int64)
+    lanes, _ = b.discrete_laplace_reaching(5, 1, least)
+    assert asked == [3]
+    assert set(lanes.tolist()) <= {5000, 5001, 5002}
+    asked.clear()
+    b.discrete_laplace_reaching(1, 2**61, np.array([2**61, 5], dtype=np.int64))
+    assert asked == [2]
+
+
+def test_release_reaching_is_release_array_at_the_threshold() -> None:
+    """release_reaching keeps exactly the values at or above the threshold, with
+    release_array's types, on its Laplace path and on the ones it leaves to release_array
+    (Gaussian noise, a finer grid, few values, values beyond 2^61)."""
+    counts = m.calibrate("laplace", 5.0, 1.0, integer_valued=True)
+    gauss = m.calibrate("gaussian", 5.0, 1.0, 1e-6, integer_valued=True)
+    sums = m.calibrate("laplace", 2.5, 1.0, integer_valued=False)
+    for values, spec, threshold, kind in [
+        (list(range(200)), counts, 100, int), (np.arange(200), counts, -5, int),
+        (list(range(200)), gauss, 100, int), ([0.5 * i for i in range(200)], sums, 50, float),
+        (list(range(10)), counts, 5, int), ([2**62 + i for i in range(100)], counts, 2**62, int),
+    ]:
+        lanes, noisy = m.release_reaching(values, spec, threshold)  # type: ignore[arg-type]
+        assert (np.diff(lanes) > 0).all() and lanes.size == noisy.size
+        assert all(type(v) is kind and v >= threshold for v in noisy.tolist())
+        # the noise is small next to the spread of these values: those far above are kept,
+        # those far below are not, each near its exact value
+        exact = [values[i] for i in lanes.tolist()]
+        assert all(abs(a - e) < 1000 for a, e in zip(noisy.tolist(), exact, strict=True))
+        below = [i for i, v in enumerate(values) if v < threshold - 1000]
+        assert not set(below) & set(lanes.tolist())
+        assert {i for i, v in enumerate(values) if v > threshold + 1000} <= set(lanes.tolist())
 
 
 def test_sizes_and_empty_requests() -> None:
@@ -361,7 +444,8 @@ def test_selections_keep_key_order(groups: list[tuple[object, ...]],
     """Both selections keep the groups reaching the threshold in _key_order's order (with
     the noise replaced by none, to compare with the row-by-row reference)."""
     from types import SimpleNamespace
-    monkeypatch.setattr(r, "release_many", lambda values, spec: list(values))
+    monkeypatch.setattr(r, "release_reaching", lambda values, spec, threshold: b.at_least(
+        np.array(values), threshold))
     counts = [5, 1, 7, 9, 3]
     exact = {g: (float(c), float(c)) for g, c in zip(groups, counts, strict=True)}
     by_units = SimpleNamespace(noise=None, threshold=3, min_units=0, measurement=None)

@@ -129,6 +129,13 @@ def _fix_noise(monkeypatch: pytest.MonkeyPatch, draws: Any) -> None:
                         lambda params: [draws(m) for _, _, m in params])
     monkeypatch.setattr(batch_noise, "discrete_gaussian",
                         lambda params: [draws(m) for _, _, m in params])
+
+    def reaching(t: int, s: int, least: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        z = draws(least.size)
+        lanes = np.flatnonzero(z >= least)
+        return lanes, z[lanes]
+
+    monkeypatch.setattr(batch_noise, "discrete_laplace_reaching", reaching)
     monkeypatch.setattr(mechanisms, "_grid_sampler",
                         lambda mechanism, n, d: iter(draws(10_000).tolist()).__next__)
 

@@ -730,18 +730,28 @@ class Ledger:
                 with self._write():
                     self._store.prepare(db)
                     self._migrate()
-                    now = time.time()
-                    for account, (eps, delta) in budgets.items():
-                        cur = db.execute("INSERT INTO accounts (account, budget_epsilon,"
-                                         " budget_delta) VALUES (?, ?, ?)"
-                                         " ON CONFLICT (account) DO NOTHING",
-                                         (account, str(eps), str(delta)))
-                        if cur.rowcount:
-                            self._admin_event(now, "policy", account, "create", eps, delta)
+                    self._create(db, budgets)
         except BaseException:
             db.close()
             self._db = None
             raise
+
+    def add_accounts(self, initial_budgets: Mapping[str, _CostLike]) -> None:
+        """Create the accounts missing from the ledger with these budgets, as opening it
+        does (an analyst added to the policy while it is open); existing ones stay."""
+        budgets = {_check_name(a, "account"): _check_cost(c, f"budget of {a}")
+                   for a, c in initial_budgets.items()}
+        with self._write() as db:
+            self._create(db, budgets)
+
+    def _create(self, db: Any, budgets: Mapping[str, tuple[Decimal, Decimal]]) -> None:
+        now = time.time()
+        for account, (eps, delta) in budgets.items():
+            cur = db.execute("INSERT INTO accounts (account, budget_epsilon, budget_delta)"
+                             " VALUES (?, ?, ?) ON CONFLICT (account) DO NOTHING",
+                             (account, str(eps), str(delta)))
+            if cur.rowcount:
+                self._admin_event(now, "policy", account, "create", eps, delta)
 
     # -- plumbing ---------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """The audit log: one JSON line per statement — who, when, what, what it cost, the outcome.
 
-It never holds a noiseless value, nor a backend error message (which may quote data).
+It never holds a noiseless value, nor a backend error message (which may quote data),
+nor a statement that sets a password.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
+
+from .parse import without_passwords
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class AuditLog:
             return
         entry: dict[str, Any] = {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                  **{k: v for k, v in record.__dict__.items() if v is not None}}
+        entry["statement"] = without_passwords(record.statement)
         line = json.dumps(entry, ensure_ascii=False, separators=(",", ":")) + "\n"
         with self._lock:
             f = self._open()

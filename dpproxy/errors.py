@@ -145,6 +145,12 @@ class InvalidAuthorization(OperationalError):
     sqlstate = "28000"
 
 
+class ObjectInUse(OperationalError):
+    """The object is in use by this very connection (removing the analyst connected)."""
+
+    sqlstate = "55006"
+
+
 class ProgramLimitExceeded(OperationalError):
     """A limit of the server (here: the most rows a result may have)."""
 

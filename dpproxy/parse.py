@@ -116,6 +116,28 @@ def split_statements(sql: str) -> list[tuple[str, list[Token], int]]:
     return pieces
 
 
+def sets_password(tokens: Sequence[Token]) -> bool:
+    """Whether a statement's tokens are a CREATE or ALTER of a ROLE or USER naming a
+    PASSWORD: a statement the audit log must not keep as written."""
+    return len(tokens) >= 3 and tokens[0].text.upper() in ("ALTER", "CREATE") \
+        and tokens[1].text.upper() in ("ROLE", "USER") \
+        and any(t.text.upper() == "PASSWORD" for t in tokens[2:])
+
+
+def without_passwords(sql: str) -> str:
+    """`sql` as a log may keep it: a statement setting a password (`sets_password`) is
+    replaced by a note, and so is text that does not tokenize but mentions one."""
+    try:
+        pieces: list[tuple[str, list[Token], int]] | None = split_statements(sql)
+    except SyntaxError:
+        pieces = None
+    if pieces is None and "password" not in sql.lower():
+        return sql
+    if pieces is None or any(sets_password(tokens) for _, tokens, _ in pieces):
+        return "(statement not logged: it sets a password)"
+    return sql
+
+
 def _shift(token: Token, offset: int) -> Token:
     return Token(token.token_type, token.text, token.line, token.col, token.start - offset,
                  token.end - offset, token.comments)

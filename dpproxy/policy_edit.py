@@ -4,8 +4,9 @@ Analysts are part of the policy (SPEC section 3); `dpproxy analyst add` appends 
 `[analysts.<name>]` table and `dpproxy analyst remove` deletes one, leaving every other
 line, comments included, as it was. The result is checked by loading it (with the
 policy's folder, so relative paths resolve alike) before it replaces the file, in one
-rename. The ledger keeps a removed analyst's account and history. A running server reads
-its policy once: restart it to apply the change.
+rename. The ledger keeps a removed analyst's account and history. A running server takes
+the change at the next login or statement (`Engine.refresh_analysts`); an admin can make
+it over the wire too (`dpproxy.server.admin`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import InvalidParameterValue, UndefinedObject
+from .errors import InvalidParameterValue, InvalidPolicy, UndefinedObject
 from .policy import ROLES, load_policy
 from .policy_lines import key_positions
 
@@ -93,7 +94,12 @@ def _replace(path: Path, text: str, analysts: set[str]) -> None:
     try:
         with os.fdopen(handle, "w") as out:
             out.write(text)
-        if set(load_policy(scratch).analysts) != analysts:
+        try:
+            loaded = load_policy(scratch)
+        except InvalidPolicy as exc:  # name the policy, not the scratch file
+            raise InvalidPolicy(exc.message.replace(str(scratch), path.name),
+                                detail=exc.detail, hint=exc.hint) from None
+        if set(loaded.analysts) != analysts:
             raise InvalidParameterValue(f"editing {path.name} would not change just that "
                                         "analyst; nothing was changed",
                                         hint="edit the policy file by hand")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import threading
@@ -180,6 +181,18 @@ def open_ledger(policy: Policy) -> Ledger:
                   accounting=policy.privacy.accounting, window=policy.privacy.budget_window)
 
 
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What tells a file's content changed without reading it: inode, size, mtime."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+_log = logging.getLogger("dpproxy")
+
+
 class Engine:
     """Everything sessions on one policy share. Thread-safe."""
 
@@ -193,6 +206,10 @@ class Engine:
         self.audit = AuditLog(policy.audit_log_path)
         self._closed = False
         self._lock = threading.Lock()
+        # the policy as read, and its file's stamp then: `refresh_analysts` compares them
+        self._read = policy
+        self._stamp = _stamp(policy.path)
+        self._refresh_lock = threading.Lock()
         self._rewrites: OrderedDict[tuple[str, bool], Rewritten] = OrderedDict()
         # (statement text, typed parameters) → the normalized bound query
         self._normalized: OrderedDict[tuple[str, str], str] = OrderedDict()
@@ -294,6 +311,50 @@ class Engine:
     @classmethod
     def from_path(cls, path: str | Path) -> Engine:
         return cls(load_policy(path))
+
+    def analysts_stale(self) -> bool:
+        """Whether the policy file changed since it was read (one stat): then call
+        `refresh_analysts`."""
+        return _stamp(self._read.path) != self._stamp
+
+    def refresh_analysts(self) -> None:
+        """Take the analysts added to or removed from the policy file since it was read
+        (`dpproxy analyst add|remove`, or their SQL over the wire), with their new ledger
+        accounts. Any other change to the file (an existing analyst's entry included) waits
+        for a restart and is logged; so is a file that no longer loads. One stat of the
+        file when nothing changed."""
+        stamp = _stamp(self._read.path)
+        if stamp == self._stamp:
+            return
+        with self._refresh_lock:
+            if stamp == self._stamp:
+                return
+            read = self._read
+            try:
+                fresh = load_policy(read.path)
+            except errors.Error as exc:
+                _log.warning("policy %s changed but does not load (%s); serving the policy "
+                             "as it was", read.path.name, exc.message)
+                self._stamp = stamp
+                return
+            kept = set(read.analysts) & set(fresh.analysts)
+            if replace(fresh, analysts={}, version="") != replace(read, analysts={}, version="") \
+                    or any(fresh.analysts[a] != read.analysts[a] for a in kept):
+                _log.warning("policy %s changed beyond adding or removing analysts: restart "
+                             "to apply it", read.path.name)
+                self._stamp = stamp
+                return
+            added = [fresh.analysts[a] for a in fresh.analysts if a not in kept]
+            self.ledger.add_accounts({analyst_account(a.name): Cost(a.budget.epsilon,
+                                                                    a.budget.delta)
+                                      for a in added if a.budget is not None})
+            # the version (the key of stored answers) stays: no query reads the analysts
+            # list, and each analyst's own entry is unchanged
+            self._read = replace(read, analysts=fresh.analysts)
+            self.policy = replace(self.policy, analysts=fresh.analysts)
+            self._stamp = stamp
+            _log.info("policy %s: analysts now %s", read.path.name,
+                      ", ".join(sorted(fresh.analysts)))
 
     def session(self, analyst: str, **options: Any) -> Session:
         return Session(self, self.policy.analyst(analyst), options)

@@ -289,7 +289,7 @@ def test_analyst_add_and_remove_edit_the_policy_file(
     demo_policy.write_text(before)
     assert cli.main(["analyst", "add", "--policy", str(demo_policy), "bob",
                      "--tables", "adult, visits", "--epsilon", "2", "--delta", "1e-6"]) == 0
-    assert "restart `dpproxy serve`" in capsys.readouterr().out
+    assert "takes it at the next login" in capsys.readouterr().out
     bob = load_policy(demo_policy).analysts["bob"]
     assert (bob.role, bob.tables, bob.budget) == ("analyst", ("adult", "visits"),
                                                   Budget(2.0, 1e-6))

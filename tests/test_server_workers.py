@@ -25,7 +25,7 @@ from dpproxy.policy import load_policy
 from dpproxy.server.server import pid_owner
 from dpproxy.server.workers import parse_workers
 
-from .test_server_support import PASSWORD
+from .test_server_support import ADMIN_PASSWORD, PASSWORD, admin_policy_snippet
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
@@ -154,6 +154,34 @@ def test_connection_limit_holds_across_workers(workers: Callable[..., Workers]) 
     finally:
         for conn in conns:
             conn.close()
+
+
+def test_analysts_added_and_removed_reach_every_worker(
+        workers: Callable[..., Workers]) -> None:
+    """An admin adds bob (and his password) through one worker: 32 logins of bob succeed,
+    on both workers. Removed through one worker, bob's connections end on both at their
+    next statement. (All 32 on one worker: probability 2 * 2**-32, this test's
+    false-failure rate.)"""
+    served = workers(admin_policy_snippet())
+    admin = f"{served.dsn().replace('user=alice', 'user=admin').replace(PASSWORD, ADMIN_PASSWORD)}"
+    bob_dsn = served.dsn().replace("user=alice", "user=bob").replace(PASSWORD, "bob-secret")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute("CALL dpproxy.add_analyst('bob', ARRAY['adult'], 5.0)")
+        conn.execute("ALTER ROLE bob PASSWORD 'bob-secret'")
+    bobs = [psycopg.connect(bob_dsn, autocommit=True) for _ in range(32)]
+    try:
+        assert {pid_owner(c.info.backend_pid) for c in bobs} == {0, 1}
+        for bob in bobs:
+            assert bob.execute("SELECT 1").fetchone() == (1,)
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute("CALL dpproxy.remove_analyst('bob')")
+        for bob in bobs:
+            with pytest.raises(psycopg.OperationalError) as gone:
+                bob.execute("SELECT 1")
+            assert gone.value.sqlstate == "28000"
+    finally:
+        for bob in bobs:
+            bob.close()
 
 
 def test_32_clients_on_2_workers_never_overspend(workers: Callable[..., Workers]) -> None:

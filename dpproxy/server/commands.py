@@ -120,17 +120,21 @@ def cmd_add(args: argparse.Namespace) -> int:
 
     tables = [t.strip() for t in args.tables.split(",") if t.strip()]
     add_analyst(args.policy, args.name, tables, args.epsilon, args.delta, args.role)
-    print(f"analyst {args.name} added to {args.policy}; restart `dpproxy serve` to apply, "
-          f"then set a password: dpproxy analyst passwd {args.name}")
+    print(f"analyst {args.name} added to {args.policy} (a running `dpproxy serve` takes it "
+          f"at the next login); set a password: dpproxy analyst passwd {args.name}")
     return 0
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
     from ..policy_edit import remove_analyst
+    from .credentials import CredentialStore
 
+    store = CredentialStore(load_policy(args.policy))
     remove_analyst(args.policy, args.name)
-    print(f"analyst {args.name} removed from {args.policy}; restart `dpproxy serve` to apply "
-          "(the ledger keeps its account and history)")
+    store.forget(args.name)
+    print(f"analyst {args.name} removed from {args.policy}, with its password (a running "
+          "`dpproxy serve` ends its connections at their next statement; the ledger keeps "
+          "its account and history)")
     return 0
 
 

@@ -425,6 +425,7 @@ class ClientConnection:
         if settings.require_tls and not self.tls:
             raise FatalError("28000", f"connection for user \"{user}\" requires TLS",
                              hint="connect with sslmode=require")
+        await self._refresh_analysts()
         await self._authenticate(user)
         database = parameters.get("database") or user
         policy = self.server.engine.policy
@@ -562,7 +563,8 @@ class ClientConnection:
         try:
             command = admin.command(text, params)
             if command is not None:
-                result = admin.run(command, self.server.engine, self.user, self._role)
+                result = admin.run(command, self.server.engine, self.user, self._role,
+                                   self.server.credentials)
                 self._audit(text, "admin", rows=len(result.rows))
                 return result
             answer = self._catalog.answer(text, params) if self._catalog is not None else None
@@ -585,7 +587,7 @@ class ClientConnection:
         values = params if params is not None else _dummy_parameters(oids)
         command = admin.command(text, values)
         if command is not None:
-            return admin.describe(command, self._role)
+            return admin.describe(command, self._role, self.user)
         if self._catalog is not None:
             described = self._catalog.describe(text)
             if described is not None:
@@ -645,6 +647,19 @@ class ClientConnection:
             if len(self._out) > FLUSH_AT:
                 await self._flush()
 
+    async def _refresh_analysts(self) -> None:
+        """Analysts added to or removed from the policy file since it was read."""
+        engine = self.server.engine
+        if engine.analysts_stale():
+            await self._call(engine.refresh_analysts)
+
+    async def _still_an_analyst(self) -> None:
+        """Before a statement: the connection ends once its analyst left the policy."""
+        await self._refresh_analysts()
+        if self.user not in self.server.engine.policy.analysts:
+            raise FatalError("28000", f"terminating connection: analyst \"{self.user}\" was "
+                             "removed from the policy")
+
     async def _serve(self) -> None:
         while True:
             if self.stopping:
@@ -655,6 +670,8 @@ class ClientConnection:
                 return
             if self._skip_until_sync and not isinstance(message, Sync):
                 continue  # after an error in the extended protocol, up to the next Sync
+            if isinstance(message, Query | Parse):
+                await self._still_an_analyst()
             if isinstance(message, Query):
                 await self._simple_query(message.sql)
             elif isinstance(message, Parse | Bind | Describe | Execute | Close):

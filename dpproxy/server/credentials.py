@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from contextlib import closing
+from collections.abc import Callable
+from contextlib import closing, suppress
 
 from .. import errors
 from ..policy import Policy
@@ -25,11 +26,16 @@ _SCHEMA = ("CREATE TABLE IF NOT EXISTS credentials (analyst TEXT PRIMARY KEY, "
 
 
 class CredentialStore:
-    """Verifiers for one policy's analysts."""
+    """Verifiers for one policy's analysts: that policy, or the one a callable gives on
+    each use (a server's, whose analysts change while it runs)."""
 
-    def __init__(self, policy: Policy) -> None:
-        self.policy = policy
-        self._path = policy.ledger_path
+    def __init__(self, policy: Policy | Callable[[], Policy]) -> None:
+        self._current: Callable[[], Policy] = policy if callable(policy) else lambda: policy
+        self._path = self.policy.ledger_path
+
+    @property
+    def policy(self) -> Policy:
+        return self._current()
 
     def _connect(self) -> sqlite3.Connection:
         try:
@@ -66,15 +72,23 @@ class CredentialStore:
     def set_password(self, analyst: str, password: str,
                      iterations: int = DEFAULT_ITERATIONS) -> None:
         """Store a fresh verifier for the analyst's password."""
+        if not password:
+            raise errors.InvalidParameterValue("the password must not be empty")
+        self.set_verifier(analyst, make_verifier(password, iterations))
+
+    def set_verifier(self, analyst: str, verifier: str) -> None:
+        """Store a SCRAM-SHA-256 verifier made elsewhere (psql's \\password sends one)."""
         if analyst not in self.policy.analysts:
             raise errors.UndefinedObject(
                 f"analyst {analyst!r} is not in policy {self.policy.path.name}",
                 hint=f"analysts: {', '.join(sorted(self.policy.analysts))}")
         self.check_writable(analyst)
-        if not password:
-            raise errors.InvalidParameterValue("the password must not be empty")
-        verifier = make_verifier(password, iterations)
-        parse_verifier(verifier)
+        try:
+            parse_verifier(verifier)
+        except ValueError:
+            raise errors.InvalidParameterValue(
+                "not a SCRAM-SHA-256 verifier", hint="send the password itself, or "
+                "SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>") from None
         # Open the ledger first: it creates the file with its schema, and refuses a
         # SQLite file that is not a ledger, so credentials never land in some other file.
         open_ledger(self.policy).close()  # creates the file with its schema if it is new
@@ -83,3 +97,12 @@ class CredentialStore:
             db.execute("INSERT INTO credentials (analyst, verifier, updated_at) VALUES (?, ?, ?)"
                        " ON CONFLICT (analyst) DO UPDATE SET verifier = excluded.verifier,"
                        " updated_at = excluded.updated_at", (analyst, verifier, time.time()))
+
+    def forget(self, analyst: str) -> None:
+        """Drop the analyst's stored verifier, if any (the analyst was removed: a later one
+        of that name must not inherit its password)."""
+        if self.policy.shared_ledger is not None or not self._path.exists():
+            return
+        # no credentials table: nothing was stored
+        with closing(self._connect()) as db, db, suppress(sqlite3.OperationalError):
+            db.execute("DELETE FROM credentials WHERE analyst = ?", (analyst,))

@@ -90,7 +90,7 @@ class Server:
         self.worker = worker
         self.engine = engine
         self.settings = settings or engine.policy.server
-        self.credentials = credentials or CredentialStore(engine.policy)
+        self.credentials = credentials or CredentialStore(lambda: engine.policy)
         self.catalog_factory = catalog_factory
         self.ssl_context = make_ssl_context(self.settings)
         # DuckDB releases the GIL while it scans: a few threads per core keep both busy.

@@ -1,0 +1,230 @@
+"""Analysts added, removed and given passwords while the server runs: over the wire (an
+admin's CALL dpproxy.add_analyst / remove_analyst, ALTER ROLE … PASSWORD, psql's
+\\password) and by `dpproxy analyst add` on the policy file. Real psycopg and psql over
+real sockets, on the demo policy."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from dpproxy import errors
+from dpproxy.cli import main as cli
+from dpproxy.server import admin
+from dpproxy.server.scram import make_verifier
+
+from .test_server_support import (
+    ADMIN_PASSWORD,
+    PASSWORD,
+    Served,
+    ServeFactory,
+    admin_policy_snippet,
+    serving,
+)
+
+ACCEPTED = "SELECT occupation, COUNT(*) AS n FROM adult GROUP BY occupation"
+ADD_BOB = "CALL dpproxy.add_analyst('bob', ARRAY['adult'], 2.0, 1e-6)"
+
+
+@pytest.fixture
+def serve(make_policy: Callable[..., Path]) -> Iterator[ServeFactory]:
+    yield from serving(make_policy)
+
+
+def _admin(served: Served) -> psycopg.Connection:
+    return psycopg.connect(served.dsn("admin", ADMIN_PASSWORD), autocommit=True)
+
+
+def _audit(served: Served) -> str:
+    assert served.engine.audit.path is not None
+    return served.engine.audit.path.read_text()
+
+
+def test_an_added_analyst_logs_in_and_queries(serve: ServeFactory) -> None:
+    """add_analyst writes the policy file and answers with the new account; a password set
+    by ALTER ROLE lets bob in at once, on the tables granted; bob may change his own
+    password but no one else's, and no budget command. No password reaches the audit log."""
+    served = serve(admin_policy_snippet())
+    with _admin(served) as conn:
+        (row,) = conn.execute(ADD_BOB).fetchall()
+        assert row[:5] == ("analyst:bob", 2.0, 0.0, 2.0, 1e-6)
+        cur = conn.execute("ALTER ROLE bob WITH PASSWORD 'bob-secret'")
+        assert cur.statusmessage == "ALTER ROLE" and cur.description is None
+    text = served.policy_path.read_text()
+    assert '[analysts.bob]\nbudget = { epsilon = 2.0, delta = 1e-06 }\ntables = ["adult"]' \
+        in text
+    with psycopg.connect(served.dsn("bob", "bob-secret"), autocommit=True) as bob:
+        assert len(bob.execute(ACCEPTED).fetchall()) == 14
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            bob.execute("SELECT COUNT(*) FROM visits")  # not granted
+        bob.execute("ALTER USER bob PASSWORD 'bob-second'")  # his own
+        for other in ("ALTER ROLE alice PASSWORD 'mine-now'", ADD_BOB.replace("bob", "eve"),
+                      "CALL dpproxy.remove_analyst('alice')"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                bob.execute(other)
+    assert served.spent("bob") > 0
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(served.dsn("bob", "bob-secret"))
+    psycopg.connect(served.dsn("bob", "bob-second")).close()
+    psycopg.connect(served.dsn()).close()  # alice's password stands
+    audit = _audit(served)
+    assert "bob-secret" not in audit and "bob-second" not in audit and "mine-now" not in audit
+    assert audit.count("(statement not logged: it sets a password)") == 3
+    assert "dpproxy.add_analyst('bob'" in audit
+
+
+def test_a_removed_analyst_is_cut_off(serve: ServeFactory) -> None:
+    """remove_analyst ends bob's open connection at his next statement (FATAL 28000) and
+    refuses his logins; the ledger keeps his account; a later bob does not inherit his
+    password. An admin cannot remove themself."""
+    served = serve(admin_policy_snippet())
+    with _admin(served) as conn:
+        conn.execute(ADD_BOB)
+        conn.execute("ALTER ROLE bob PASSWORD 'bob-secret'")
+        bob = psycopg.connect(served.dsn("bob", "bob-secret"), autocommit=True)
+        bob.execute(ACCEPTED).fetchall()
+        (row,) = conn.execute("CALL dpproxy.remove_analyst('bob')").fetchall()
+        assert row[0] == "analyst:bob" and row[2] > 0  # spent stays on record
+        with pytest.raises(psycopg.OperationalError) as gone:
+            bob.execute(ACCEPTED)
+        assert gone.value.sqlstate == "28000" and "removed from the policy" in str(gone.value)
+        assert bob.closed or bob.broken
+        with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+            psycopg.connect(served.dsn("bob", "bob-secret"))
+        assert "[analysts.bob]" not in served.policy_path.read_text()
+        with pytest.raises(psycopg.errors.ObjectInUse):
+            conn.execute("CALL dpproxy.remove_analyst('admin')")
+        with pytest.raises(psycopg.errors.UndefinedObject):
+            conn.execute("CALL dpproxy.remove_analyst('bob')")
+        conn.execute(ADD_BOB)  # again: a new bob, with no password yet
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(served.dsn("bob", "bob-secret"))
+    assert served.engine.ledger.status("analyst:bob").spent.epsilon > 0
+
+
+def test_admin_analyst_commands_are_checked(serve: ServeFactory) -> None:
+    """Bad calls change nothing: wrong arity (42601), an unknown table (42704), a name
+    already there (22023), a role that does not exist (22023), an ALTER ROLE that does more
+    than set a password (0A000, and its password is not logged either)."""
+    served = serve(admin_policy_snippet())
+    before = served.policy_path.read_text()
+    with _admin(served) as conn:
+        for sql, error in [
+            ("CALL dpproxy.add_analyst('bob', ARRAY['adult'])", psycopg.errors.SyntaxError),
+            ("CALL dpproxy.add_analyst('bob', 'adult,nope', 1.0)",
+             psycopg.errors.UndefinedObject),
+            ("CALL dpproxy.add_analyst('alice', 'adult', 1.0)",
+             psycopg.errors.InvalidParameterValue),
+            ("CALL dpproxy.add_analyst('bob', 'adult', 1.0, 0, 'root')",
+             psycopg.errors.InvalidParameterValue),
+            ("CALL dpproxy.add_analyst('bob', 42, 1.0)", psycopg.errors.InvalidParameterValue),
+            ("ALTER ROLE alice WITH LOGIN PASSWORD 'leaked?'",
+             psycopg.errors.FeatureNotSupported),
+            ("ALTER ROLE alice PASSWORD ''", psycopg.errors.InvalidParameterValue),
+            ("ALTER ROLE nobody PASSWORD 'x'", psycopg.errors.UndefinedObject),
+        ]:
+            with pytest.raises(error):
+                conn.execute(sql)
+        with pytest.raises(psycopg.errors.ConfigFileError) as refused:  # tables, no budget
+            conn.execute("CALL dpproxy.add_analyst('bob', 'adult', NULL)")
+        assert "needs a budget" in str(refused.value) and served.policy_path.name in str(
+            refused.value) and ".toml." not in str(refused.value)  # not the scratch file
+        assert served.policy_path.read_text() == before
+        # tables given as text; an admin without tables or a budget
+        conn.execute("CALL dpproxy.add_analyst('carol', 'adult, visits', 1.5)")
+        conn.execute("CALL dpproxy.add_analyst('root', NULL, NULL, 0, 'admin')")
+    assert served.policy_path.read_text().startswith(before)
+    assert "leaked?" not in _audit(served)
+    carol, root = (served.engine.policy.analysts[a] for a in ("carol", "root"))
+    assert (carol.role, carol.tables, carol.budget.epsilon) == ("analyst", ("adult", "visits"),
+                                                               1.5)
+    assert (root.role, root.tables, root.budget) == ("admin", (), None)
+
+
+def test_the_cli_reaches_a_running_server(serve: ServeFactory,
+                                          monkeypatch: pytest.MonkeyPatch,
+                                          caplog: pytest.LogCaptureFixture) -> None:
+    """`dpproxy analyst add` and `passwd` on the policy file of a running server: dan logs
+    in without a restart, and `remove` cuts him off. A hand edit beyond the analysts is
+    not applied (logged: restart), nor is a file that no longer loads; the analysts served
+    stay as they were, and so does the version stored answers are kept under."""
+    served = serve()
+    path = str(served.policy_path)
+    assert cli(["analyst", "add", "--policy", path, "dan", "--tables", "adult",
+                "--epsilon", "1"]) == 0
+    monkeypatch.setattr("sys.stdin", io.StringIO("dan-secret\n"))
+    assert cli(["analyst", "passwd", "--policy", path, "dan", "--password-stdin"]) == 0
+    with psycopg.connect(served.dsn("dan", "dan-secret"), autocommit=True) as dan:
+        assert len(dan.execute(ACCEPTED).fetchall()) == 14
+    assert served.engine.ledger.status("analyst:dan").budget.epsilon == 1.0
+    version = served.engine.policy.version
+    text = served.policy_path.read_text()
+    with caplog.at_level(logging.WARNING, logger="dpproxy"):
+        assert "default_epsilon = 0.1 " in text
+        served.policy_path.write_text(text.replace("default_epsilon = 0.1 ",
+                                                   "default_epsilon = 0.3 "))
+        served.engine.refresh_analysts()
+        assert "restart to apply" in caplog.text
+        served.policy_path.write_text(text + "\n[analysts.broken\n")
+        served.engine.refresh_analysts()
+        assert "does not load" in caplog.text
+    assert served.engine.policy.privacy.default_epsilon == 0.1
+    assert set(served.engine.policy.analysts) == {"alice", "admin", "dan"}
+    assert served.engine.policy.version == version
+    served.policy_path.write_text(text)
+    assert cli(["analyst", "remove", "--policy", path, "dan"]) == 0
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(served.dsn("dan", "dan-secret"))
+    assert set(served.engine.policy.analysts) == {"alice", "admin"}
+
+
+needs_psql = pytest.mark.skipif(shutil.which("psql") is None, reason="psql is not installed")
+
+
+@needs_psql
+def test_psql_password_command(serve: ServeFactory) -> None:
+    """psql's \\password: it asks SHOW password_encryption, makes a SCRAM-SHA-256 verifier
+    itself and sends ALTER USER … PASSWORD '<verifier>'; the verifier is stored as it is,
+    so alice logs in with the new password and no longer with the old one."""
+    served = serve()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    env |= {"PGPASSWORD": PASSWORD, "PGCONNECT_TIMEOUT": "10", "PGSSLMODE": "disable"}
+    conninfo = f"host=127.0.0.1 port={served.port} user=alice dbname=demo"
+    # without a controlling terminal psql reads the new password from standard input
+    done = subprocess.run(["psql", "-X", "-v", "ON_ERROR_STOP=1", conninfo, "-c",
+                           r"\password"], env=env, input="alice-next\nalice-next\n",
+                          capture_output=True, text=True, timeout=60, start_new_session=True)
+    assert done.returncode == 0, done.stderr
+    psycopg.connect(served.dsn(password="alice-next")).close()
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(served.dsn())
+    assert "alice-next" not in _audit(served)
+
+
+def test_alter_role_parsing() -> None:
+    """What admin.command makes of ALTER statements: PostgreSQL's name folding, WITH,
+    a parameter, and None for an ALTER that sets no password."""
+    cases = {"ALTER ROLE Bob PASSWORD 'x'": "bob", 'ALTER USER "Bob" WITH PASSWORD \'x\'': "Bob",
+             "alter role bob password 'x'": "bob"}
+    for sql, name in cases.items():
+        cmd = admin.command(sql)
+        assert cmd is not None and (cmd.action, cmd.analyst, cmd.password) == \
+            ("password", name, "x")
+        assert "x'" not in repr(cmd) and "password='x'" not in repr(cmd)
+    cmd = admin.command("ALTER ROLE bob PASSWORD $1", ["p1"])
+    assert cmd is not None and cmd.password == "p1"
+    assert admin.command("ALTER ROLE bob RENAME TO carl") is None
+    assert admin.command("ALTER TABLE adult ADD COLUMN x int") is None
+    with pytest.raises(errors.NotSupportedError):
+        admin.command("ALTER ROLE bob PASSWORD 'x' VALID UNTIL '2030-01-01'")
+    verifier = make_verifier("pw")
+    cmd = admin.command(f"ALTER USER bob PASSWORD '{verifier}'")
+    assert cmd is not None and cmd.password == verifier

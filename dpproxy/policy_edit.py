@@ -15,8 +15,14 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: edits are not serialized
+    fcntl = None  # type: ignore[assignment]
 
 from .errors import InvalidParameterValue, InvalidPolicy, UndefinedObject
 from .policy import ROLES, load_policy
@@ -25,10 +31,40 @@ from .policy_lines import key_positions
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
+@contextmanager
+def _editing(path: Path) -> Iterator[None]:
+    """Hold the lock of the policy's folder while reading, checking and replacing the file:
+    edits from several connections, worker processes or CLI runs at once would otherwise
+    each start from the same text, and all but one would be lost. (The file itself is
+    replaced by a rename, so its folder, not it, carries the lock.)"""
+    if fcntl is None:
+        yield
+        return
+    handle = os.open(path.parent, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(handle)  # releases the lock
+
+
 def add_analyst(path: Path, name: str, tables: Sequence[str], epsilon: float | None,
                 delta: float, role: str = "analyst") -> None:
     """Append `[analysts.<name>]` with its tables and budget (none for an admin without
     one) to the policy file."""
+    with _editing(path):
+        _add_analyst(path, name, tables, epsilon, delta, role)
+
+
+def remove_analyst(path: Path, name: str) -> None:
+    """Delete `[analysts.<name>]` (its header through its last line, not the comments or
+    blank lines before the next table) from the policy file."""
+    with _editing(path):
+        _remove_analyst(path, name)
+
+
+def _add_analyst(path: Path, name: str, tables: Sequence[str], epsilon: float | None,
+                 delta: float, role: str) -> None:
     policy = load_policy(path)
     if name in policy.analysts:
         raise InvalidParameterValue(f"analyst {name!r} is already in policy {path.name}")
@@ -53,9 +89,7 @@ def add_analyst(path: Path, name: str, tables: Sequence[str], epsilon: float | N
              {*policy.analysts, name})
 
 
-def remove_analyst(path: Path, name: str) -> None:
-    """Delete `[analysts.<name>]` (its header through its last line, not the comments or
-    blank lines before the next table) from the policy file."""
+def _remove_analyst(path: Path, name: str) -> None:
     policy = load_policy(path)
     if name not in policy.analysts:
         raise UndefinedObject(f"analyst {name!r} is not in policy {path.name}",

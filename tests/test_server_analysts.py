@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pytest
 
 from dpproxy import errors
 from dpproxy.cli import main as cli
+from dpproxy.policy import load_policy
 from dpproxy.server import admin
 from dpproxy.server.scram import make_verifier
 
@@ -108,6 +110,32 @@ def test_a_removed_analyst_is_cut_off(serve: ServeFactory) -> None:
     with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
         psycopg.connect(served.dsn("bob", "bob-secret"))
     assert served.engine.ledger.status("analyst:bob").spent.epsilon > 0
+
+
+def test_concurrent_adds_are_all_kept(serve: ServeFactory) -> None:
+    """16 admin connections adding 3 analysts each at once: all 48 are in the policy file
+    and served (each edit reads, checks and replaces the file under the folder's lock)."""
+    served = serve(admin_policy_snippet())
+    failures: list[BaseException] = []
+
+    def add(i: int) -> None:
+        try:
+            with _admin(served) as conn:
+                for j in range(3):
+                    conn.execute(f"CALL dpproxy.add_analyst('a{i}_{j}', 'adult', 1.0)")
+        except BaseException as exc:  # reported below, with the others
+            failures.append(exc)
+
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not failures, failures[:3]
+    wanted = {f"a{i}_{j}" for i in range(16) for j in range(3)}
+    assert wanted <= set(load_policy(served.policy_path).analysts)
+    served.engine.refresh_analysts()
+    assert wanted <= set(served.engine.policy.analysts)
 
 
 def test_admin_analyst_commands_are_checked(serve: ServeFactory) -> None:

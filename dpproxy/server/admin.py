@@ -13,9 +13,9 @@ The syntax (parsed with sqlglot, never matched as text):
   admin without a budget), as `dpproxy analyst add` does;
 - `CALL dpproxy.remove_analyst('bob')`: remove one (the ledger keeps its account and
   history; its stored password is dropped), as `dpproxy analyst remove` does;
-- `ALTER ROLE bob [WITH] PASSWORD 'secret'` (or `ALTER USER`, or a SCRAM-SHA-256 verifier
-  in place of the password, which is what psql's `\\password` sends): set a password. An
-  analyst may set their own; only an admin another's.
+- `ALTER ROLE bob [WITH] PASSWORD 'secret'` (or `ALTER USER`; CURRENT_USER for oneself):
+  set a password, or store a SCRAM-SHA-256 verifier given in its place (what psql's
+  `\\password` sends). An analyst may set their own; only an admin another's.
 
 An account is an analyst name (`'alice'` means `analyst:alice`) or a full
 account name (`'table:adult'`). The CALLs answer with the account's new
@@ -37,7 +37,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import sqlglot
 from sqlglot import exp
@@ -153,10 +153,16 @@ def _call(text: str, params: Sequence[object] | None) -> AdminCommand | None:
     return AdminCommand(name, account, epsilon, delta)
 
 
+_YOURSELF = ("CURRENT_USER", "CURRENT_ROLE", "SESSION_USER")
+
+
 def _role_name(token: Token) -> str | None:
-    """A role name as PostgreSQL reads it: quoted as written, else folded to lower case."""
+    """A role name as PostgreSQL reads it: quoted as written, else folded to lower case;
+    "" for CURRENT_USER and its synonyms (`_resolved` makes it the analyst asking)."""
     if token.token_type == TokenType.IDENTIFIER:
         return token.text
+    if token.text.upper() in _YOURSELF:
+        return ""
     if token.token_type == TokenType.VAR or token.text.isidentifier():
         return token.text.lower()
     return None
@@ -248,10 +254,15 @@ def _check_role(role: str, cmd: AdminCommand | None = None, analyst: str = "") -
         hint="ask an administrator; your own budget is in SHOW dpproxy.budget")
 
 
+def _resolved(cmd: AdminCommand, analyst: str) -> AdminCommand:
+    """The command with CURRENT_USER (an empty name) made the analyst asking."""
+    return replace(cmd, analyst=analyst) if cmd.analyst == "" else cmd
+
+
 def describe(cmd: AdminCommand, role: str, analyst: str = "") -> Description:
     """The result shape of an admin command; 42501 unless the role is admin (or it sets
     the analyst's own password)."""
-    _check_role(role, cmd, analyst)
+    _check_role(role, _resolved(cmd, analyst), analyst)
     if cmd.action == "history":
         return Description(HISTORY_COLUMNS, HISTORY_TYPES)
     if cmd.action == "password":
@@ -271,6 +282,7 @@ def run(cmd: AdminCommand, engine: Engine, analyst: str, role: str,
     their own password). Analysts are added to and removed from the policy file, which
     `engine` then reads again (`Engine.refresh_analysts`); passwords go to `credentials`
     (the engine policy's store when None)."""
+    cmd = _resolved(cmd, analyst)
     _check_role(role, cmd, analyst)
     log = logging.getLogger("dpproxy.server")
     store = credentials if credentials is not None else CredentialStore(lambda: engine.policy)

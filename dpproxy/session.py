@@ -320,9 +320,10 @@ class Engine:
     def refresh_analysts(self) -> None:
         """Take the analysts added to or removed from the policy file since it was read
         (`dpproxy analyst add|remove`, or their SQL over the wire), with their new ledger
-        accounts. Any other change to the file (an existing analyst's entry included) waits
-        for a restart and is logged; so is a file that no longer loads. One stat of the
-        file when nothing changed."""
+        accounts, and new `password_scram` verifiers (the only way to change a password
+        with a PostgreSQL ledger). Any other change to the file (an existing analyst's
+        tables, role or budget included) waits for a restart and is logged; so is a file
+        that no longer loads. One stat of the file when nothing changed."""
         stamp = _stamp(self._read.path)
         if stamp == self._stamp:
             return
@@ -339,7 +340,8 @@ class Engine:
                 return
             kept = set(read.analysts) & set(fresh.analysts)
             if replace(fresh, analysts={}, version="") != replace(read, analysts={}, version="") \
-                    or any(fresh.analysts[a] != read.analysts[a] for a in kept):
+                    or any(replace(fresh.analysts[a], password_scram=None)
+                           != replace(read.analysts[a], password_scram=None) for a in kept):
                 _log.warning("policy %s changed beyond adding or removing analysts: restart "
                              "to apply it", read.path.name)
                 self._stamp = stamp
@@ -349,7 +351,7 @@ class Engine:
                                                                     a.budget.delta)
                                       for a in added if a.budget is not None})
             # the version (the key of stored answers) stays: no query reads the analysts
-            # list, and each analyst's own entry is unchanged
+            # list, nor a verifier, and each analyst's grants are unchanged
             self._read = replace(read, analysts=fresh.analysts)
             self.policy = replace(self.policy, analysts=fresh.analysts)
             self._stamp = stamp

@@ -183,9 +183,10 @@ def test_the_cli_reaches_a_running_server(serve: ServeFactory,
                                           monkeypatch: pytest.MonkeyPatch,
                                           caplog: pytest.LogCaptureFixture) -> None:
     """`dpproxy analyst add` and `passwd` on the policy file of a running server: dan logs
-    in without a restart, and `remove` cuts him off. A hand edit beyond the analysts is
-    not applied (logged: restart), nor is a file that no longer loads; the analysts served
-    stay as they were, and so does the version stored answers are kept under."""
+    in without a restart, and `remove` cuts him off; a new `password_scram` is taken too.
+    A hand edit beyond the analysts is not applied (logged: restart), nor is a file that
+    no longer loads; the analysts served stay as they were, and so does the version stored
+    answers are kept under."""
     served = serve()
     path = str(served.policy_path)
     assert cli(["analyst", "add", "--policy", path, "dan", "--tables", "adult",
@@ -209,6 +210,11 @@ def test_the_cli_reaches_a_running_server(serve: ServeFactory,
     assert served.engine.policy.privacy.default_epsilon == 0.1
     assert set(served.engine.policy.analysts) == {"alice", "admin", "dan"}
     assert served.engine.policy.version == version
+    # a new verifier in the policy is taken (how a PostgreSQL ledger's passwords change)
+    served.policy_path.write_text(text.replace(
+        'password_scram = "SCRAM', '# password_scram = "SCRAM').replace(
+        '[analysts.alice]\n', f'[analysts.alice]\npassword_scram = "{make_verifier("new")}"\n'))
+    psycopg.connect(served.dsn(password="new")).close()
     served.policy_path.write_text(text)
     assert cli(["analyst", "remove", "--policy", path, "dan"]) == 0
     with pytest.raises(psycopg.OperationalError, match="password authentication failed"):

@@ -86,21 +86,28 @@ def test_an_added_analyst_logs_in_and_queries(serve: ServeFactory) -> None:
 
 
 def test_a_removed_analyst_is_cut_off(serve: ServeFactory) -> None:
-    """remove_analyst ends bob's open connection at his next statement (FATAL 28000) and
-    refuses his logins; the ledger keeps his account; a later bob does not inherit his
+    """remove_analyst ends bob's open connections at their next statement (FATAL 28000),
+    a prepared statement's next run (Bind, no Parse) included, and nothing more is charged;
+    his logins are refused; the ledger keeps his account; a later bob does not inherit his
     password. An admin cannot remove themself."""
     served = serve(admin_policy_snippet())
     with _admin(served) as conn:
         conn.execute(ADD_BOB)
         conn.execute("ALTER ROLE bob PASSWORD 'bob-secret'")
         bob = psycopg.connect(served.dsn("bob", "bob-secret"), autocommit=True)
+        prepared = psycopg.connect(served.dsn("bob", "bob-secret"), autocommit=True)
         bob.execute(ACCEPTED).fetchall()
-        (row,) = conn.execute("CALL dpproxy.remove_analyst('bob')").fetchall()
+        prepared.execute(ACCEPTED, prepare=True).fetchall()  # a named statement: its later
+        (row,) = conn.execute("CALL dpproxy.remove_analyst('bob')").fetchall()  # runs Bind
         assert row[0] == "analyst:bob" and row[2] > 0  # spent stays on record
-        with pytest.raises(psycopg.OperationalError) as gone:
-            bob.execute(ACCEPTED)
-        assert gone.value.sqlstate == "28000" and "removed from the policy" in str(gone.value)
-        assert bob.closed or bob.broken
+        spent = served.spent("bob")
+        for client in (bob, prepared):
+            with pytest.raises(psycopg.OperationalError) as gone:
+                client.execute(ACCEPTED, prepare=client is prepared)
+            assert gone.value.sqlstate == "28000"
+            assert "removed from the policy" in str(gone.value)
+            assert client.closed or client.broken
+        assert served.spent("bob") == spent  # nothing more was charged
         with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
             psycopg.connect(served.dsn("bob", "bob-secret"))
         assert "[analysts.bob]" not in served.policy_path.read_text()

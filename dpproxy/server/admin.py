@@ -333,9 +333,11 @@ def _edit_analysts(cmd: AdminCommand, engine: Engine, analyst: str,
     assert cmd.analyst is not None
     path = engine.policy.path
     if cmd.action == "add_analyst":
+        # before the policy names them: a password left by an earlier analyst of that name
+        # must never let anyone in
+        store.forget(cmd.analyst)
         policy_edit.add_analyst(path, cmd.analyst, list(cmd.tables), cmd.epsilon,
                                 cmd.delta or 0.0, cmd.role)
-        store.forget(cmd.analyst)  # a password left by an earlier analyst of that name
     else:
         if cmd.analyst == analyst:
             raise errors.ObjectInUse("the current analyst cannot be removed",

@@ -261,14 +261,15 @@ def discrete_laplace_reaching(t: int, s: int, least: np.ndarray
     (Partition selection: most candidate groups lie far below the threshold.)"""
     least = np.asarray(least, dtype=np.int64)
     assert least.size == 0 or int(np.abs(least).max()) < _I64_SAFE
-    period = t // math.gcd(t, s)
+    common = math.gcd(t, s)
+    period, per_period = t // common, s // common  # a^period = exp(-per_period)
     far = np.flatnonzero(least > 0)
     shift = np.zeros(least.size, dtype=np.int64)  # m per lane
     if far.size:
         periods = least[far] // period
-        if int(periods.max()) * (s // math.gcd(t, s)) >= _I64_SAFE:
+        if int(periods.max()) * per_period >= _I64_SAFE:
             periods[:] = 0  # a count that large is never drawn: leave it to whole draws
-        need = periods * (s // math.gcd(t, s))
+        need = periods * per_period
         if need.any():
             far = far[_geometric(far.size) >= need]
             shift[far] = least[far] // period * period

@@ -31,6 +31,12 @@ from .policy_lines import key_positions
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
+def table_names(text: str) -> tuple[str, ...]:
+    """Table names written comma-separated ('adult, visits'), as `analyst add --tables`
+    and `dpproxy.add_analyst` take them."""
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
 @contextmanager
 def _editing(path: Path) -> Iterator[None]:
     """Hold the lock of the policy's folder while reading, checking and replacing the file:

@@ -58,6 +58,8 @@ from .release import ColumnAccuracy, Interval, Released, release
 from .rewrite import Rewritten, rewrite
 from .shapes import Shape, TemplateShape, intact, lift, parameter_value, unlift
 
+_log = logging.getLogger("dpproxy")
+
 OPTION_PREFIX = "dpproxy."
 OPTIONS = ("epsilon", "delta", "mechanism", "confidence", "min_units_per_group", "split",
            "selection")
@@ -188,9 +190,6 @@ def _stamp(path: Path) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return st.st_ino, st.st_size, st.st_mtime_ns
-
-
-_log = logging.getLogger("dpproxy")
 
 
 class Engine:

@@ -102,7 +102,7 @@ def _tables(node: exp.Expression) -> tuple[str, ...]:
                                       and not node.this.strip()):
         return ()
     if isinstance(node, exp.Literal) and node.is_string:
-        return tuple(t.strip() for t in node.this.split(",") if t.strip())
+        return policy_edit.table_names(node.this)
     if isinstance(node, exp.Array):
         return tuple(_string(t, "each table") for t in node.expressions)
     raise errors.InvalidParameterValue("tables must be an ARRAY of names or a string such "
@@ -156,6 +156,12 @@ def _call(text: str, params: Sequence[object] | None) -> AdminCommand | None:
 _YOURSELF = ("CURRENT_USER", "CURRENT_ROLE", "SESSION_USER")
 
 
+def _only_password() -> errors.NotSupportedError:
+    return errors.NotSupportedError(
+        "only ALTER ROLE name [WITH] PASSWORD 'password' is supported",
+        hint="a password (or a SCRAM-SHA-256 verifier) as a string literal")
+
+
 def _role_name(token: Token) -> str | None:
     """A role name as PostgreSQL reads it: quoted as written, else folded to lower case;
     "" for CURRENT_USER and its synonyms (`_resolved` makes it the analyst asking)."""
@@ -178,9 +184,7 @@ def _alter_role(tokens: list[Token], params: Sequence[object] | None) -> AdminCo
     if rest and rest[0].token_type == TokenType.WITH:
         rest = rest[1:]
     if name is None or not rest or rest[0].text.upper() != "PASSWORD":
-        raise errors.NotSupportedError(
-            "only ALTER ROLE name [WITH] PASSWORD 'password' is supported",
-            hint="a password (or a SCRAM-SHA-256 verifier) as a string literal")
+        raise _only_password()
     value = rest[1:]
     if len(value) == 1 and value[0].token_type == TokenType.STRING:
         password: object = value[0].text
@@ -189,9 +193,7 @@ def _alter_role(tokens: list[Token], params: Sequence[object] | None) -> AdminCo
             and 1 <= int(value[1].text) <= len(params):
         password = params[int(value[1].text) - 1]
     else:
-        raise errors.NotSupportedError(
-            "only ALTER ROLE name [WITH] PASSWORD 'password' is supported",
-            hint="a password (or a SCRAM-SHA-256 verifier) as a string literal")
+        raise _only_password()
     if not isinstance(password, str) or not password:
         raise errors.InvalidParameterValue("the password must be a non-empty string")
     return AdminCommand("password", analyst=name, password=password)

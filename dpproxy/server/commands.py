@@ -116,10 +116,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_add(args: argparse.Namespace) -> int:
-    from ..policy_edit import add_analyst
+    from ..policy_edit import add_analyst, table_names
 
-    tables = [t.strip() for t in args.tables.split(",") if t.strip()]
-    add_analyst(args.policy, args.name, tables, args.epsilon, args.delta, args.role)
+    add_analyst(args.policy, args.name, table_names(args.tables), args.epsilon, args.delta,
+                args.role)
     print(f"analyst {args.name} added to {args.policy} (a running `dpproxy serve` takes it "
           f"at the next login); set a password: dpproxy analyst passwd {args.name}")
     return 0

@@ -13,7 +13,7 @@ import functools
 import itertools
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from statistics import NormalDist
 from typing import TypeVar
@@ -93,10 +93,12 @@ def _normalize_key(value: object, key: GroupKey) -> object:
 _PLAIN_KEY_TYPES = frozenset({str, int, bool, type(None)})
 
 
-def _key_column(values: tuple[object, ...], key: GroupKey) -> Sequence[object]:
-    """_normalize_key over one key column, skipped when it would change nothing."""
+def _key_column(values: Sequence[object], key: GroupKey,
+                types: set[type] | None = None) -> Sequence[object]:
+    """_normalize_key over one key column, skipped (`values` itself returned) when it would
+    change nothing; `types`, when given, are those of the values."""
     if key.expression is None and key.column.type != "float" \
-            and _PLAIN_KEY_TYPES.issuperset(map(type, values)):
+            and _PLAIN_KEY_TYPES.issuperset(types if types is not None else map(type, values)):
         return values
     return [_normalize_key(v, key) for v in values]
 
@@ -137,7 +139,8 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
     picked = _selected_columns(analysis, selection, rows) \
         if selection is not None and COLUMNAR else None
     if picked is not None:
-        groups, counts, exact_rows = picked
+        key_columns, counts, exact_column = picked
+        group_count = len(counts)
     else:
         by_group = _exact_by_group(analysis, rows, len(analysis.keys))
         if selection is None:
@@ -147,6 +150,11 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
             groups, counts = _selected(selection, by_group)
         zeros = tuple(0.0 for _ in plan.measurements)
         exact_rows = [by_group.get(g, zeros) for g in groups]
+        group_count = len(groups)
+        key_columns = [[g[j] for g in groups] for j in range(len(analysis.keys))]
+
+        def exact_column(i: int) -> Sequence[object]:
+            return [r[i] for r in exact_rows]
     if selection is not None and selection.measurement is not None:
         drawn[selection.measurement] = counts  # the released count itself
 
@@ -154,8 +162,8 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
     # (The vectors are noised together: one batched draw is cheaper than one per vector.)
     noisy_by_measurement: list[Sequence[float]] = [
         drawn[i] if i in drawn
-        else _quantiles([r[i] for r in exact_rows], m) if m.quantile is not None
-        else _finite_column(_from_fixed_point([r[i] for r in exact_rows],  # type: ignore[misc]
+        else _quantiles(exact_column(i), m) if m.quantile is not None  # type: ignore[arg-type]
+        else _finite_column(_from_fixed_point(exact_column(i),  # type: ignore[arg-type]
                                               m.statistic.fixed_point_bits))
         for i, m in enumerate(plan.measurements)
     ]
@@ -184,7 +192,7 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
                                          for r in released_rows]
         values_of[agg.sql] = _rounded(values) if agg.rule.integer_result(stats) else values
     key_names = [k.name for k in analysis.keys]
-    keys_of = {name: [g[j] for g in groups] for j, name in enumerate(key_names)}
+    keys_of = dict(zip(key_names, key_columns, strict=True))
 
     needs_rows = analysis.having is not None or bool(analysis.order) or not all(
         isinstance(o.expression, AggregateRef | exp.Column) for o in analysis.outputs)
@@ -193,10 +201,12 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
     if needs_rows:  # the evaluator reads rows as dicts
         table_rows = [dict(zip(values_of, r, strict=True))
                       for r in zip(*values_of.values(), strict=True)] \
-            if values_of else [{} for _ in groups]
-        keys_of_rows = [dict(zip(key_names, g, strict=True)) for g in groups]
+            if values_of else [{} for _ in range(group_count)]
+        keys_of_rows = [dict(zip(key_names, g, strict=True))
+                        for g in zip(*key_columns, strict=True)] \
+            if key_columns else [{} for _ in range(group_count)]
 
-    selected = list(range(len(groups)))
+    selected = list(range(group_count))
     if analysis.having is not None:
         selected = [i for i in selected
                     if evaluate(analysis.having, table_rows[i], keys_of_rows[i]) is True]
@@ -208,7 +218,7 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
 
     # every group, in order (the usual case without HAVING, ORDER BY or LIMIT): the columns
     # are read whole
-    every = not analysis.order and len(selected) == len(groups)
+    every = not analysis.order and len(selected) == group_count
     out_columns = [_output_column(o, selected, values_of, keys_of, table_rows, keys_of_rows,
                                   every) for o in analysis.outputs]
     out_rows = list(zip(*out_columns, strict=True)) if out_columns else [() for _ in selected]
@@ -351,21 +361,24 @@ def _key_sorted(kept: list[tuple[tuple[object, ...], _T]]) -> list[tuple[tuple[o
 
 def _selected_columns(analysis: Analysis, selection: SelectionSpec,
                       rows: Sequence[tuple[object, ...]]
-                      ) -> tuple[list[tuple[object, ...]], list[float],
-                                 list[tuple[object, ...]]] | None:
+                      ) -> tuple[list[list[object]], list[float],
+                                 Callable[[int], list[object]]] | None:
     """_selected and the exact statistics of the groups it keeps, as `release` reads them
-    from _exact_by_group, computed column-wise: `release_reaching` picks the candidates
-    and only the kept groups become tuples. None where that would not be the
-    very same (the caller then reads the rows): a few rows (not worth it), or two rows
-    whose keys normalize to one group (the dict keeps the first one's place and the last
-    one's statistics)."""
+    from _exact_by_group, computed column-wise: the kept groups' key columns, their noisy
+    counts, and a function giving measurement i's exact values over them (read only for
+    the measurements not drawn already). `release_reaching` picks the candidates and only
+    the kept ones are read further. None where that would not be the very same (the
+    caller then reads the rows): a few rows (not worth it), or two rows whose keys
+    normalize to one group (the dict keeps the first one's place and the last one's
+    statistics)."""
     key_count = len(analysis.keys)
     n = len(rows)
     if n < _NUMPY_MIN or key_count == 0:
         return None
     width = len(rows[0])
-    keys = [_key_column(list(map(operator.itemgetter(j), rows)), k)
-            for j, k in enumerate(analysis.keys)]
+    raw = [list(map(operator.itemgetter(j), rows)) for j in range(key_count)]
+    types = [set(map(type, c)) for c in raw]
+    keys = [_key_column(c, k, t) for c, k, t in zip(raw, analysis.keys, types, strict=True)]
     distinct = len(set(keys[0])) if key_count == 1 else len(set(zip(*keys, strict=True)))
     if distinct != n:
         return None
@@ -377,17 +390,36 @@ def _selected_columns(analysis: Analysis, selection: SelectionSpec,
     picked: list[int] = lanes.tolist()
     # the kept candidates in key order (as _selected sorts them: the same sort, on the same
     # groups in the same order, so ties, e.g. of NaN, fall alike); `order` places each
-    if key_count == 1 and _plain_column(kept := [keys[0][i] for i in picked]):
+    kept = _take(keys[0], picked) if key_count == 1 else []
+    if key_count == 1 and ((keys[0] is raw[0] and _one_type(types[0]))
+                           or _plain_column(kept)):
         order = sorted(range(len(picked)), key=kept.__getitem__)
-        picked = [picked[j] for j in order]
-        groups = [(keys[0][i],) for i in picked]
+        key_columns = [_take(kept, order)]
     else:
         pairs = _key_sorted([(tuple(c[i] for c in keys), j) for j, i in enumerate(picked)])
-        groups, order = [g for g, _ in pairs], [j for _, j in pairs]
-        picked = [picked[j] for j in order]
-    stats = [[rows[i][j] for i in picked] for j in range(key_count, width)]
-    stat_rows = list(zip(*map(_statistic_column, stats), strict=True))
-    return groups, noisy[np.array(order, dtype=np.intp)].tolist(), stat_rows
+        order = [j for _, j in pairs]
+        key_columns = [list(c) for c in zip(*(g for g, _ in pairs), strict=True)] \
+            if pairs else [[] for _ in keys]
+    picked = _take(picked, order)
+
+    def exact_column(i: int) -> list[object]:
+        return _statistic_column(_take(rows, picked, key_count + i))  # type: ignore[return-value]
+
+    return key_columns, noisy[np.array(order, dtype=np.intp)].tolist(), exact_column
+
+
+def _take(values: Sequence[_T], indices: list[int], field: int | None = None) -> list[_T]:
+    """[values[i] for i in indices], or [values[i][field] …], by C-level itemgetters."""
+    if len(indices) < 2:
+        out = [values[i] for i in indices]
+    else:
+        out = list(operator.itemgetter(*indices)(values))
+    return out if field is None else list(map(operator.itemgetter(field), out))
+
+
+def _one_type(types: set[type]) -> bool:
+    """_plain_column of every value whose types these are (so of any part of them)."""
+    return len(types) == 1 and type(None) not in types
 
 
 def _count_values(values: list[object]) -> Sequence[float]:

@@ -151,6 +151,28 @@ class ObjectInUse(OperationalError):
     sqlstate = "55006"
 
 
+class InvalidCursorName(OperationalError):
+    """FETCH, MOVE or CLOSE of a cursor this connection has not declared (or that closed)."""
+
+    sqlstate = "34000"
+
+
+class ObjectNotInPrerequisiteState(OperationalError):
+    """A cursor asked to move backward that was declared NO SCROLL."""
+
+    sqlstate = "55000"
+
+
+class DuplicateCursor(ProgrammingError):
+    sqlstate = "42P03"
+
+
+class NoActiveSqlTransaction(InternalError):
+    """A statement that needs a transaction block (DECLARE without HOLD) outside one."""
+
+    sqlstate = "25P01"
+
+
 class ProgramLimitExceeded(OperationalError):
     """A limit of the server (here: the most rows a result may have)."""
 

@@ -5,6 +5,8 @@ built from the policy (`catalog`), then the analyst's `Session`; nothing is
 passed through to the backend. Statements run in the server's worker
 threads (`jobs`), so one slow query never stalls other clients; while one
 runs, the connection still reads its socket, to notice a client that leaves.
+A cursor (`cursors`) is a portal the connection keeps: DECLARE sends its query
+down that same path once, and FETCH and MOVE read the rows it kept.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from .. import __version__, errors
 from ..audit import AuditRecord
 from ..parse import split_statements
 from ..session import Description, Result
-from . import admin, codec, paramtypes
+from . import admin, codec, cursors, paramtypes
 from .codec import (
     BackendKeyData,
     Bind,
@@ -125,6 +127,10 @@ class Portal:
     result: Result | None = None
     position: int = 0
     notices_sent: bool = False
+    # a cursor (DECLARE): how it was declared, where it stands, whether a commit kept it
+    cursor: cursors.Declare | None = None
+    at: cursors.Position | None = None
+    committed: bool = False
 
 
 @dataclass(frozen=True)
@@ -172,6 +178,10 @@ def _column_shape(names: tuple[str, ...], types: tuple[str, ...], formats: tuple
         fields.append(Field(name, pg.oid, pg.size, formats[i]))
         encoders.append(codec.value_encoder(pg.oid, formats[i]))
     return _Shape(tuple(fields), tuple(encoders), RowDescription(tuple(fields)).encode())
+
+
+# Cursor statements that read no data: a string may hold any number of them
+_CURSOR_WALKS = frozenset({"FETCH", "MOVE", "CLOSE"})
 
 
 @functools.lru_cache(maxsize=1024)
@@ -602,19 +612,27 @@ class ClientConnection:
             if first in ("COMMIT", "END") or (first in ("ROLLBACK", "ABORT")
                                               and second != "TO"):
                 self._status = "I"
+                self._end_transaction(committed=False)
                 return Result(tag="ROLLBACK")
             if not (first == "ROLLBACK" and second == "TO"):
                 raise ServerError("25P02", "current transaction is aborted, commands ignored until "
                                   "end of transaction block")
-        result = await self._call(self._run_statement, text, params)
+        cursor = cursors.parse(text) if first in cursors.WORDS else None
+        if cursor is not None:
+            return await self._cursor_statement(cursor, params)
+        result = self._within_limit(await self._call(self._run_statement, text, params))
         if first in ("BEGIN", "START"):
             if self._status == "T":
                 result.notices.insert(0, "there is already a transaction in progress")
             self._status = "T"
         elif first in ("COMMIT", "END", "ABORT") or (first == "ROLLBACK" and second != "TO"):
             self._status = "I"
+            self._end_transaction(committed=first in ("COMMIT", "END"))
         elif first == "ROLLBACK" and self._status == "E":
             self._status = "T"
+        return result
+
+    def _within_limit(self, result: Result) -> Result:
         limit = self.server.settings.max_result_rows
         if len(result.rows) > limit:
             charged = (f"; the query was charged (ε={result.cost.epsilon:g}) and its result "
@@ -623,6 +641,62 @@ class ClientConnection:
                               f"server allows ({limit}){charged}",
                               hint="add LIMIT, or raise server.max_result_rows in the policy")
         return result
+
+    # cursors ------------------------------------------------------------------------------------
+    async def _cursor_statement(self, statement: cursors.CursorStatement,
+                                params: list[Any] | None) -> Result:
+        """DECLARE answers its query (charged as if sent alone) and keeps the rows; FETCH
+        and MOVE walk them; CLOSE forgets them. See `cursors`."""
+        if isinstance(statement, cursors.Declare):
+            if statement.name in self._portals:
+                raise errors.DuplicateCursor(f"cursor \"{statement.name}\" already exists")
+            if not statement.hold and self._status != "T":
+                raise errors.NoActiveSqlTransaction(
+                    "DECLARE CURSOR can only be used in transaction blocks",
+                    hint="send BEGIN first, or declare it WITH HOLD")
+            text = statement.query
+            result = self._within_limit(await self._call(self._run_statement, text, params))
+            self._portals[statement.name] = Portal(
+                statement.name, PreparedStatement("", text, (), _transaction_words(text)),
+                [], (), result=result, notices_sent=True, cursor=statement,
+                at=cursors.Position())
+            return Result(tag="DECLARE CURSOR", notices=result.notices)
+        if isinstance(statement, cursors.CloseCursor):
+            if statement.name is None:
+                self._portals = {k: p for k, p in self._portals.items() if p.cursor is None}
+                return Result(tag="CLOSE CURSOR ALL")
+            self._cursor(statement.name)
+            del self._portals[statement.name]
+            return Result(tag="CLOSE CURSOR")
+        portal = self._cursor(statement.name)
+        assert portal.result is not None and portal.at is not None and portal.cursor is not None
+        answered = portal.result
+        picked = cursors.fetch(statement, portal.at, len(answered.rows), portal.cursor.scroll)
+        tag = cursors.tag(statement, len(picked))
+        if statement.move:
+            return Result(tag=tag)
+        return Result(answered.columns, [answered.rows[i] for i in picked], tag, answered.types)
+
+    def _cursor(self, name: str) -> Portal:
+        portal = self._portals.get(name)
+        if portal is None or portal.cursor is None:
+            raise errors.InvalidCursorName(f"cursor \"{name}\" does not exist")
+        return portal
+
+    def _end_transaction(self, committed: bool, portals: bool = False) -> None:
+        """A transaction ends: its cursors close, but for those declared WITH HOLD that a
+        commit keeps (ones committed earlier survive a rollback too). `portals`: the
+        protocol's portals close too (at the end of an implicit transaction; within a
+        batch of extended-protocol messages, those after a COMMIT still name theirs)."""
+        kept = {}
+        for name, portal in self._portals.items():
+            if portal.cursor is None:
+                if not portals:
+                    kept[name] = portal
+            elif portal.cursor.hold and (committed or portal.committed):
+                portal.committed = True
+                kept[name] = portal
+        self._portals = kept
 
     # messages ---------------------------------------------------------------------------------
     def _send_error(self, exc: BaseException) -> None:
@@ -681,9 +755,9 @@ class ClientConnection:
                     self._send_error(exc)
                     self._skip_until_sync = True
             elif isinstance(message, Sync):
+                if self._status == "I":  # the implicit transaction ends: portals close
+                    self._end_transaction(committed=not self._skip_until_sync, portals=True)
                 self._skip_until_sync = False
-                if self._status == "I":
-                    self._portals.clear()  # the implicit transaction ends: portals close
                 self._send(ReadyForQuery(self._status))
                 await self._flush()
             elif isinstance(message, Flush):
@@ -710,11 +784,13 @@ class ClientConnection:
             pieces = None
         if pieces == []:
             self._send(EmptyQueryResponse())
+        failed = pieces is None
         for text in pieces or ():
             try:
                 result = await self._run(text, _transaction_words(text), None)
             except (errors.Error, ValueError) as exc:
                 self._send_error(exc)
+                failed = True
                 break  # the rest of the string is skipped, as in PostgreSQL
             self._send_notices(result)
             if result.columns:
@@ -724,7 +800,7 @@ class ClientConnection:
                 await self._send_rows(result.rows, columns)
             self._send(CommandComplete(result.tag))
         if self._status == "I":
-            self._portals.clear()
+            self._end_transaction(committed=not failed, portals=True)
         self._send(ReadyForQuery(self._status))
         await self._flush()
 
@@ -736,6 +812,8 @@ class ClientConnection:
         def queries() -> int:
             count = 0
             for text in pieces:
+                if _transaction_words(text)[0] in _CURSOR_WALKS:
+                    continue  # walks rows answered already
                 try:
                     is_session = parse_statements(text)[0].is_session_statement
                 except errors.Error:
@@ -790,6 +868,10 @@ class ClientConnection:
         """Parameter types the client left open: the catalog's for a catalog statement,
         else from the policy's column types."""
         assert self._session is not None
+        if _transaction_words(text)[0] == "DECLARE":
+            declared = cursors.parse(text)
+            if isinstance(declared, cursors.Declare):
+                text = declared.query
         types = None
         if self._catalog is not None and hasattr(self._catalog, "parameter_types"):
             types = self._catalog.parameter_types(text)
@@ -868,6 +950,14 @@ class ClientConnection:
                      ) -> Description:
         if not statement.sql:
             return Description((), ())
+        if statement.words[0] in cursors.WORDS:
+            cursor = cursors.parse(statement.sql)
+            if isinstance(cursor, cursors.Fetch) and not cursor.move:
+                answered = self._cursor(cursor.name).result
+                assert answered is not None
+                return Description(answered.columns, answered.types)
+            if cursor is not None:
+                return Description((), ())
         return await self._call(self._describe_statement, statement.sql, statement.param_oids,
                                 params)
 
@@ -877,6 +967,15 @@ class ClientConnection:
 
     async def _execute(self, message: Execute) -> None:
         portal = self._portal(message.portal)
+        if portal.cursor is not None:  # a declared cursor run by name: its next rows
+            assert portal.result is not None
+            fetched = await self._cursor_statement(cursors.Fetch(
+                portal.name, "forward", message.max_rows or None), None)
+            await self._send_rows(fetched.rows, _columns(
+                fetched.columns, fetched.types,
+                _formats(portal.result_formats, len(fetched.columns))))
+            self._send(CommandComplete(fetched.tag))
+            return
         if not portal.statement.sql:
             self._send(EmptyQueryResponse())
             return

@@ -2,6 +2,9 @@
 
 The passes run in this order, each small and named after what it checks:
 
+0. `inline.inline`     a subquery or WITH query in FROM that only selects and filters rows
+                       is merged into the query (anything else is refused); then
+                       `_fold_filters` reads AGG(x) FILTER (WHERE c) as AGG(CASE …)
 1. `_check_shape`      only SELECT … FROM one table [JOIN public tables] [WHERE] [GROUP BY]
                        [HAVING] [ORDER BY] [LIMIT]
 2. `_resolve_table`    the table exists, is granted, and is private; `joins.resolve_joins`
@@ -61,6 +64,7 @@ from .expressions import (
     make_resolver,
     type_row_expression,
 )
+from .inline import inline
 from .joins import Join, resolve_joins
 from .keys import enumerable, key_type, key_values
 from .ldp import local_aggregate, raw_read_error, reject_raw_local, rows_are_public
@@ -194,12 +198,13 @@ MAX_VALUE_BOUND = 1e15
 def analyze(select: exp.Expression, policy: Policy, analyst: AnalystPolicy
             ) -> Analysis | ConstantQuery:
     """Check a parsed (parameter-bound) query and describe what it measures."""
+    statement = select.sql("postgres")  # as written: the audit log and the ledger keep it
+    select = inline(select)  # a row-level subquery or WITH query in FROM, merged in
     _check_shape(select)
     assert isinstance(select, exp.Select)
-    statement = select.sql("postgres")
     if select.args.get("from_") is None:
         return _constant_query(select, statement)
-    select = _fold_within_group(select)
+    select = _fold_filters(_fold_within_group(select))
     table, alias = _resolve_table(select, policy, analyst)
     joins: tuple[Join, ...] = ()
     if select.args.get("joins"):
@@ -284,6 +289,36 @@ def _fold_within_group(select: exp.Select) -> exp.Select:
             Decimal(p.numerator) / Decimal(p.denominator), "f")
         return type(function)(this=items[0].this.copy(), expression=exp.Literal.number(text))
     return select.transform(fold)  # a copy: the caller's tree is left as written
+
+
+def _fold_filters(select: exp.Select) -> exp.Select:
+    """AGG(x) FILTER (WHERE c) becomes AGG(CASE WHEN c THEN x END), and COUNT(*) FILTER
+    (WHERE c) COUNT(CASE WHEN c THEN 1 END): the same rows reach the aggregate (a NULL is
+    skipped as a filtered row is), so the same statistic, analysed as any CASE is.
+
+    >>> from sqlglot import parse_one
+    >>> q = parse_one("SELECT COUNT(*) FILTER (WHERE age > 40), AVG(hours) FILTER (WHERE sex "
+    ...               "= 'F') FROM t", read="postgres")
+    >>> _fold_filters(q).sql("postgres")
+    "SELECT COUNT(CASE WHEN age > 40 THEN 1 END), AVG(CASE WHEN sex = 'F' THEN hours END) FROM t"
+    """
+    def fold(node: exp.Expression) -> exp.Expression:
+        if not isinstance(node, exp.Filter) or not isinstance(node.this, exp.AggFunc):
+            return node
+        function = node.this
+        condition = node.expression.this if isinstance(node.expression, exp.Where) else None
+        argument = function.this
+        if condition is None or isinstance(argument, exp.Distinct) \
+                or function.args.get("expression") is not None:
+            return node  # refused below, with a hint
+        value = exp.Literal.number(1) if isinstance(argument, exp.Star) else argument
+        case = exp.Case(ifs=[exp.If(this=condition.copy(), true=value.copy())])
+        folded = function.copy()
+        folded.set("this", case)
+        return folded
+    if select.find(exp.Filter) is None:
+        return select
+    return select.transform(fold)
 
 
 def _quantile_literal(node: exp.Expression, function: str) -> Fraction:

@@ -84,6 +84,10 @@ PAIRS = [
         "SELECT sex, COUNT(CASE WHEN age > 40 THEN 1 END) AS older, AVG(CASE WHEN age > 40 "
         "THEN hours_per_week END) AS hours, SUM(CASE WHEN sex = 'Male' THEN capital_gain END) "
         "AS sum FROM adult GROUP BY sex", id="filter"),
+    pytest.param(
+        "SELECT VAR_POP(age) FILTER (WHERE sex = 'Male') FROM adult",
+        "SELECT VAR_POP(CASE WHEN sex = 'Male' THEN age END) AS var_pop FROM adult",
+        id="variance-filter"),
 ]
 
 
@@ -175,6 +179,8 @@ def test_a_wrapped_query_through_a_session_is_charged_as_the_flat_one(engine: En
      errors.PrivacyViolation, "privacy unit"),
     ("SELECT COUNT(DISTINCT person_id) FILTER (WHERE age > 3) FROM adult",
      errors.NotSupportedError, "FILTER"),
+    ("SELECT PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY age) FILTER (WHERE sex = 'Male') "
+     "FROM adult", errors.NotSupportedError, "FILTER"),
 ])
 def test_what_is_not_a_selection_of_rows_is_refused(engine: Engine, sql: str,
                                                     problem: type[errors.Error],

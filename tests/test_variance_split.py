@@ -226,8 +226,6 @@ REJECTED = [
     Rejected("var_pop_nested", "SELECT VAR_POP(COUNT(*)) FROM adult", "42803", ("COUNT(*)",)),
     Rejected("stddev_beside_raw_column", "SELECT age, STDDEV(age) FROM adult", "42501",
              ("age",)),
-    Rejected("var_pop_filter", "SELECT VAR_POP(age) FILTER (WHERE sex = 'Male') FROM adult",
-             "0A000", ("FILTER",), ("CASE WHEN",)),
     Rejected("var_pop_group_by_unit",
              "SELECT person_id, VAR_POP(age) FROM adult GROUP BY person_id", "42501",
              ("privacy unit",)),

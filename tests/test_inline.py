@@ -78,6 +78,11 @@ PAIRS = [
         "ON adult.occupation = g.occupation WHERE adult.age > 30 GROUP BY g.collar",
         id="join"),
     pytest.param(
+        "SELECT collar, COUNT(*) FROM (SELECT occupation FROM adult WHERE age > 50) s "
+        "JOIN occupation_groups USING (occupation) GROUP BY collar",
+        "SELECT collar, COUNT(*) FROM adult JOIN occupation_groups USING (occupation) "
+        "WHERE adult.age > 50 GROUP BY collar", id="join-using"),
+    pytest.param(
         "SELECT sex, COUNT(*) FILTER (WHERE age > 40) AS older, AVG(hours_per_week) "
         "FILTER (WHERE age > 40) AS hours, SUM(capital_gain) FILTER (WHERE sex = 'Male') "
         "FROM adult GROUP BY sex",
@@ -165,6 +170,10 @@ def test_a_wrapped_query_through_a_session_is_charged_as_the_flat_one(engine: En
     ("WITH a AS (SELECT * FROM adult) SELECT COUNT(*) FROM adult JOIN a ON "
      "adult.person_id = a.person_id", errors.NotSupportedError, "joined"),
     ("SELECT COUNT(nope) FROM (SELECT age FROM adult) s", errors.UndefinedColumn, "nope"),
+    ("SELECT COUNT(*) FROM (SELECT 1 AS x) s", errors.NotSupportedError, "without a table"),
+    ("SELECT collar, COUNT(*) FROM (SELECT LOWER(occupation) AS occupation FROM adult) s "
+     "JOIN occupation_groups USING (occupation) GROUP BY collar", errors.NotSupportedError,
+     "USING"),
     ("SELECT x FROM (SELECT age AS x FROM adult) s", errors.PrivacyViolation,
      "raw values"),
     ("SELECT * FROM (SELECT age FROM adult) s", errors.PrivacyViolation, "SELECT *"),

@@ -117,6 +117,8 @@ def _merge(select: exp.Select, source: exp.Subquery, ctes: dict[str, exp.Express
             raise NotSupportedError(f"{what} with {clause} is not supported", hint=_HINT)
     if inner.find(exp.AggFunc) is not None or inner.find(exp.Window) is not None:
         raise NotSupportedError(f"{what} that aggregates is not supported", hint=_HINT)
+    if inner.args.get("from_") is None:
+        raise NotSupportedError(f"{what} without a table is not supported", hint=_HINT)
     if select.args.get("joins") and inner.args.get("joins"):
         raise NotSupportedError("joins both inside and outside a subquery in FROM are not "
                                 "supported", hint="write the joins in one place")
@@ -184,6 +186,13 @@ def _merge(select: exp.Select, source: exp.Subquery, ctes: dict[str, exp.Express
         on = join.args.get("on")
         if on is not None:
             join.set("on", replace_columns(on))
+        for name in join.args.get("using") or ():
+            body = items.get(name.name)
+            if body is not None and not (isinstance(body, exp.Column)
+                                         and body.name == name.name):
+                raise NotSupportedError(
+                    f"JOIN … USING ({name.name}) over a column the subquery computes is not "
+                    "supported", hint="join with ON, naming the expression")
     # the inner FROM and joins become the query's; both WHEREs must hold
     merged.set("from_", inner.args["from_"])
     if inner.args.get("joins"):

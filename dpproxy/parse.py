@@ -354,8 +354,9 @@ def _parse_query(text: str) -> exp.Expression:
     except TokenError as exc:
         raise SyntaxError(f"syntax error: {exc}") from None
     if isinstance(ast, exp.Command):
-        raise NotSupportedError(f"{ast.name.upper()} is not supported",
-                                hint="dpproxy answers SELECT queries with aggregates")
+        word = ast.name.upper()
+        raise NotSupportedError(f"{word} is not supported", hint=_CURSOR_HINT if word in (
+            "DECLARE", "FETCH", "MOVE") else "dpproxy answers SELECT queries with aggregates")
     if isinstance(ast, exp.Condition | exp.Alias | exp.Identifier):
         # a bare expression ("garbage here" parses as a column with an alias): not SQL
         first = text.split()[0] if text.split() else text
@@ -367,6 +368,12 @@ def _parse_query(text: str) -> exp.Expression:
         raise NotSupportedError(f"{ast.key.upper()} statements are not supported",
                                 hint="dpproxy answers SELECT queries with aggregates")
     return ast
+
+
+# Cursors are connection state of the wire server (dpproxy.server.cursors); a DB-API
+# cursor already reads a result in chunks
+_CURSOR_HINT = "SQL cursors are served over the wire by `dpproxy serve`; here, read the " \
+    "query's rows with cursor.fetchmany()"
 
 
 def _position(text: str, line: int | None, col: int | None, width: int) -> int | None:

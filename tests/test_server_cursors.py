@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 from dpproxy import errors
 from dpproxy.server import cursors
+from dpproxy.session import Engine
 
 from .test_server_clients import _psql, needs_psql
 from .test_server_support import Served, ServeFactory, serving
@@ -317,3 +318,10 @@ def test_cursor_statements_read_as_postgresql_reads_them() -> None:
     assert parse("CLOSE ALL") == cursors.CloseCursor(None)
     assert parse('CLOSE "All"') == cursors.CloseCursor("All")
     assert parse('FETCH "next"') == cursors.Fetch("next", "forward", 1)
+
+
+def test_a_session_without_the_server_says_where_cursors_are(engine: Engine) -> None:
+    """In process (the DB-API's session) there are no SQL cursors: the hint says so."""
+    with pytest.raises(errors.NotSupportedError) as raised:
+        engine.session("alice").execute(f"DECLARE c CURSOR FOR {QUERY}")
+    assert raised.value.hint is not None and "fetchmany" in raised.value.hint

@@ -109,6 +109,12 @@ class UndefinedColumn(ProgrammingError):
     sqlstate = "42703"
 
 
+class InvalidColumnReference(ProgrammingError):
+    """More column names given for a subquery (`AS t(a, b)`) than it has columns."""
+
+    sqlstate = "42P10"
+
+
 class UndefinedObject(ProgrammingError):
     sqlstate = "42704"
 

@@ -67,6 +67,16 @@ PAIRS = [
         "SELECT age / 10 AS decade, COUNT(*) FROM adult GROUP BY decade",
         id="group-by-output"),
     pytest.param(
+        "SELECT a, COUNT(*) FROM (SELECT occupation, age FROM adult) AS t(a, b) "
+        "WHERE b > 40 GROUP BY a",
+        "SELECT occupation AS a, COUNT(*) FROM adult WHERE age > 40 GROUP BY occupation",
+        id="column-names"),
+    pytest.param(
+        "WITH t(k, h) AS (SELECT sex, hours_per_week FROM adult) "
+        "SELECT k, SUM(h) FROM t GROUP BY k",
+        "SELECT sex AS k, SUM(hours_per_week) AS sum FROM adult GROUP BY sex",
+        id="cte-column-names"),
+    pytest.param(
         "SELECT COUNT(*) FROM (SELECT * FROM adult WHERE age < 20 OR age > 60) s "
         "WHERE sex = 'Male' OR sex = 'Female'",
         "SELECT COUNT(*) FROM adult WHERE (age < 20 OR age > 60) AND (sex = 'Male' OR "
@@ -165,8 +175,10 @@ def test_a_wrapped_query_through_a_session_is_charged_as_the_flat_one(engine: En
      errors.NotSupportedError, "UNION"),
     ("WITH RECURSIVE r AS (SELECT * FROM adult) SELECT COUNT(*) FROM r",
      errors.NotSupportedError, "RECURSIVE"),
-    ("WITH t(a) AS (SELECT age FROM adult) SELECT COUNT(*) FROM t",
-     errors.NotSupportedError, "column names"),
+    ("WITH t(a) AS (SELECT * FROM adult) SELECT COUNT(a) FROM t",
+     errors.NotSupportedError, "SELECT *"),
+    ("SELECT COUNT(*) FROM (SELECT age FROM adult) AS t(a, b)",
+     errors.InvalidColumnReference, "2 columns specified"),
     ("WITH a AS (SELECT * FROM adult) SELECT COUNT(*) FROM adult JOIN a ON "
      "adult.person_id = a.person_id", errors.NotSupportedError, "joined"),
     ("SELECT COUNT(nope) FROM (SELECT age FROM adult) s", errors.UndefinedColumn, "nope"),

@@ -19,9 +19,11 @@ refused as before, with a hint.
 
 from __future__ import annotations
 
+import itertools
+
 from sqlglot import exp
 
-from ..errors import NotSupportedError, UndefinedColumn
+from ..errors import InvalidColumnReference, NotSupportedError, UndefinedColumn
 from ..postprocess import output_name
 
 # Clauses that make an inner query more than a selection of rows
@@ -94,10 +96,10 @@ def _take_ctes(select: exp.Select, outer: dict[str, exp.Expression]
     ctes: dict[str, exp.Expression] = {}
     for cte in with_.expressions:
         alias = cte.args.get("alias")
+        body = inline(cte.this, {**outer, **ctes})
         if alias is not None and alias.columns:
-            raise NotSupportedError("column names after a WITH query's name are not "
-                                    "supported", hint="name the columns with AS inside it")
-        ctes[cte.alias_or_name] = inline(cte.this, {**outer, **ctes})
+            body = _renamed(body, alias.columns, f'WITH query "{cte.alias_or_name}"')
+        ctes[cte.alias_or_name] = body
     select.set("with_", None)
     return ctes
 
@@ -126,8 +128,7 @@ def _merge(select: exp.Select, source: exp.Subquery, ctes: dict[str, exp.Express
         inner = _qualified(inner)  # its names must stay its own table's beside the joins
     alias = source.alias
     if source.args.get("alias") is not None and source.args["alias"].columns:
-        raise NotSupportedError("column names after a subquery's alias are not supported",
-                                hint="name the columns with AS inside it")
+        inner = _renamed(inner, source.args["alias"].columns, what)
     items: dict[str, exp.Expression] = {}
     star = False
     for item in inner.expressions:
@@ -204,6 +205,27 @@ def _merge(select: exp.Select, source: exp.Subquery, ctes: dict[str, exp.Express
             else exp.And(this=_operand(inner_where.this), expression=_operand(outer_where.this))
         merged.set("where", exp.Where(this=condition))
     return merged
+
+
+def _renamed(inner: exp.Expression, names: list[exp.Identifier], what: str) -> exp.Select:
+    """The inner query with its first columns named as `AS t(a, b)` names them."""
+    if not isinstance(inner, exp.Select):
+        raise NotSupportedError(f"{what} that is a {inner.key.upper()} is not supported",
+                                hint=_HINT)
+    items = inner.expressions
+    if any(isinstance(i, exp.Star) or (isinstance(i, exp.Column) and isinstance(i.this, exp.Star))
+           for i in items):
+        raise NotSupportedError(f"column names for {what} over SELECT * are not supported",
+                                hint="list its columns inside it")
+    if len(names) > len(items):
+        raise InvalidColumnReference(f"{what} has {len(items)} columns available but "
+                                     f"{len(names)} columns specified")
+    inner = inner.copy()
+    inner.set("expressions", [
+        exp.alias_(item.this if isinstance(item, exp.Alias) else item, name.copy())
+        if i < len(names) else item for i, (item, name) in enumerate(
+            itertools.zip_longest(inner.expressions, names[:len(items)]))])
+    return inner
 
 
 def _qualifier(inner: exp.Select) -> str | None:

@@ -329,6 +329,23 @@ ACCEPTED = [
              "SELECT occupation, COUNT(*) FROM adult WHERE occupation IS NOT NULL "
              f"GROUP BY occupation ORDER BY {policy_order(OCCUPATIONS, 'occupation')} LIMIT 5",
              keys=("occupation",), ordered=True),
+    Accepted("fetch_first_rows_only",
+             "SELECT occupation, COUNT(*) AS n FROM adult GROUP BY occupation "
+             "ORDER BY 2 DESC OFFSET 2 ROWS FETCH FIRST 3 ROWS ONLY", ("occupation", "n"), 3,
+             "SELECT occupation, COUNT(*) AS n FROM adult WHERE occupation IS NOT NULL "
+             "GROUP BY occupation ORDER BY n DESC LIMIT 3 OFFSET 2", keys=("occupation",),
+             ordered=True),
+    Accepted("fetch_first_row_only",
+             "SELECT occupation, COUNT(*) AS n FROM adult GROUP BY occupation "
+             "ORDER BY 2 DESC FETCH NEXT ROW ONLY", ("occupation", "n"), 1,
+             "SELECT occupation, COUNT(*) AS n FROM adult WHERE occupation IS NOT NULL "
+             "GROUP BY occupation ORDER BY n DESC LIMIT 1", keys=("occupation",),
+             ordered=True),
+    Accepted("limit_all",
+             "SELECT occupation, COUNT(*) FROM adult GROUP BY occupation LIMIT ALL",
+             ("occupation", "count"), 14,
+             "SELECT occupation, COUNT(*) FROM adult WHERE occupation IS NOT NULL "
+             "GROUP BY occupation", keys=("occupation",)),
     # names ---------------------------------------------------------------------------------
     Accepted("table_alias_qualified_column",
              "SELECT COUNT(*) FROM adult a WHERE a.age > 50", ("count",), 1,
@@ -734,6 +751,8 @@ REJECTED = [
              ("several queries",)),
     Rejected("for_update", "SELECT COUNT(*) FROM adult FOR UPDATE", "0A000"),
     Rejected("negative_limit", "SELECT COUNT(*) FROM adult LIMIT -1", "0A000", ("LIMIT",)),
+    Rejected("fetch_with_ties", "SELECT sex, COUNT(*) FROM adult GROUP BY sex ORDER BY 2 "
+             "FETCH FIRST 1 ROWS WITH TIES", "0A000", ("WITH TIES",), ("LIMIT",)),
     Rejected("aggregate_filter",  # read as CASE WHEN where it can be (test_inline.py)
              "SELECT COUNT(DISTINCT person_id) FILTER (WHERE age > 3) FROM adult", "0A000",
              ("FILTER",), ("CASE WHEN",)),

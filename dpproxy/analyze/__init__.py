@@ -780,12 +780,22 @@ def _resolve_outputs(select: exp.Select, keys: tuple[GroupKey, ...],
 
 
 def _limit_offset(select: exp.Select) -> tuple[int | None, int]:
+    """LIMIT n, LIMIT ALL (none), FETCH FIRST [n] ROWS ONLY (n defaults to 1), OFFSET m."""
     def constant(clause: str) -> int | None:
         node = select.args.get(clause)
         if node is None:
             return None
-        value = node.expression
-        if isinstance(value, exp.Null):
+        if isinstance(node, exp.Fetch):
+            options = node.args.get("limit_options")
+            if options is not None and (options.args.get("percent")
+                                        or options.args.get("with_ties")):
+                raise NotSupportedError("FETCH FIRST … PERCENT or WITH TIES is not supported",
+                                        hint="FETCH FIRST n ROWS ONLY, or LIMIT n")
+            value = node.args.get("count") or exp.Literal.number(1)
+        else:
+            value = node.expression
+        if isinstance(value, exp.Null) or (isinstance(value, exp.Var)
+                                           and value.name.upper() == "ALL"):
             return None
         if not isinstance(value, exp.Literal) or value.is_string or not value.this.isdigit():
             raise NotSupportedError(f"{clause.upper()} must be a non-negative integer constant")

@@ -455,5 +455,9 @@ def to_literal(value: Any) -> exp.Expression:
         return exp.cast(exp.Literal.string(value.isoformat()), "DATE")
     if isinstance(value, str):
         return exp.Literal.string(value)
+    if isinstance(value, list | tuple) and not any(isinstance(v, list | tuple) for v in value):
+        # an array, as `col = ANY(%s)` takes a list (the analyzer reads it as IN)
+        return exp.Array(expressions=[to_literal(v) for v in value])
     raise ProgrammingError(f"parameters of type {type(value).__name__} are not supported",
-                           hint="use numbers, strings, booleans, dates or None")
+                           hint="use numbers, strings, booleans, dates, None, or a flat list "
+                                "for `= ANY(...)`")

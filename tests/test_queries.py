@@ -371,6 +371,19 @@ ACCEPTED = [
     Accepted("params_quote_in_string",
              "SELECT COUNT(*) FROM adult WHERE occupation = %s", ("count",), 1,
              "SELECT 0", params=["Sales' OR 'a' = 'a"]),
+    Accepted("params_list_any",  # psycopg's idiom for a list: read as IN
+             "SELECT COUNT(*) FROM adult WHERE age = ANY(%s) AND occupation <> ALL(%s)",
+             ("count",), 1,
+             "SELECT COUNT(*) FROM adult WHERE age IN (30, 40, 50) "
+             "AND occupation NOT IN ('Sales', 'Tech-support')",
+             params=[[30, 40, 50], ("Sales", "Tech-support")]),
+    Accepted("any_array_literal",
+             "SELECT sex, COUNT(*) FROM adult WHERE age = ANY(ARRAY[30, 40]) GROUP BY sex",
+             ("sex", "count"), 2,
+             "SELECT sex, COUNT(*) FROM adult WHERE age IN (30, 40) GROUP BY sex",
+             keys=("sex",)),
+    Accepted("any_empty_list", "SELECT COUNT(*) FROM adult WHERE age = ANY(%s)", ("count",),
+             1, "SELECT 0", params=[[]]),
     # several statements, options -------------------------------------------------------------
     # ε = 0.5 → b = 2
     Accepted("set_then_query", "SET dpproxy.epsilon = 0.5; SELECT COUNT(*) FROM adult",

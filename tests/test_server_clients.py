@@ -276,3 +276,50 @@ def test_pandas_with_a_dbapi_connection(serve: ServeFactory) -> None:
         warnings.simplefilter("ignore", UserWarning)  # pandas prefers SQLAlchemy
         frame = pandas.read_sql(ACCEPTED, conn)
     assert len(frame) == OCCUPATIONS
+
+
+def test_list_parameters_from_every_driver(serve: ServeFactory, demo_database: Path) -> None:
+    """`col = ANY(<list>)` as each driver sends a list: psycopg as a text array, asyncpg
+    as a binary one (its type, int8[], from ParameterDescription), psycopg2 spelled out as
+    ARRAY[…]. Each is answered as `col IN (…)`: within 200 of the exact count, which the
+    demo's Laplace noise (scale 10) exceeds with probability e^-20 per answer."""
+    import duckdb
+    import psycopg
+    import psycopg2
+
+    asyncpg = pytest.importorskip("asyncpg")
+    served = serve()
+    ages = [30, 40, 50]
+    with duckdb.connect(str(demo_database), read_only=True) as con:
+        (exact,) = con.execute("SELECT COUNT(*) FROM adult WHERE age IN (30, 40, 50)"
+                               ).fetchone() or (None,)
+    sql = "SELECT COUNT(*) FROM adult WHERE age = ANY(%s)"
+    answers = []
+    with psycopg.connect(served.dsn(), autocommit=True) as conn:
+        answers.append(conn.execute(sql, [ages]).fetchone()[0])  # type: ignore[index]
+        answers.append(conn.execute(sql + " AND sex <> ALL(%s)",
+                                    [ages, ["Female"]]).fetchone()[0])  # type: ignore[index]
+    pg2 = psycopg2.connect(served.dsn())
+    try:
+        cur = pg2.cursor()
+        cur.execute(sql + " ", [ages])  # another text: a fresh answer
+        answers.append(cur.fetchone()[0])  # type: ignore[index]
+    finally:
+        pg2.close()
+
+    async def main() -> int:
+        conn = await asyncpg.connect(host="127.0.0.1", port=served.port, user="alice",
+                                     database="demo", password=PASSWORD, ssl=False)
+        try:
+            return int(await conn.fetchval(
+                "SELECT COUNT(*) FROM adult WHERE age = ANY($1)", ages))
+        finally:
+            await conn.close()
+
+    answers.append(asyncio.run(asyncio.wait_for(main(), 60)))
+    with duckdb.connect(str(demo_database), read_only=True) as con:
+        (males,) = con.execute("SELECT COUNT(*) FROM adult WHERE age IN (30, 40, 50) "
+                               "AND sex <> 'Female'").fetchone() or (None,)
+    assert abs(answers[0] - exact) < 200 and abs(answers[2] - exact) < 200
+    assert abs(answers[3] - exact) < 200
+    assert abs(answers[1] - males) < 200 and abs(exact - males) > 400  # the ALL applied

@@ -204,7 +204,7 @@ def analyze(select: exp.Expression, policy: Policy, analyst: AnalystPolicy
     assert isinstance(select, exp.Select)
     if select.args.get("from_") is None:
         return _constant_query(select, statement)
-    select = _fold_filters(_fold_within_group(select))
+    select = _fold_any(_fold_filters(_fold_within_group(select)))
     table, alias = _resolve_table(select, policy, analyst)
     joins: tuple[Join, ...] = ()
     if select.args.get("joins"):
@@ -319,6 +319,46 @@ def _fold_filters(select: exp.Select) -> exp.Select:
     if select.find(exp.Filter) is None:
         return select
     return select.transform(fold)
+
+
+def _fold_any(select: exp.Select) -> exp.Select:
+    """x = ANY(ARRAY[a, b]) becomes x IN (a, b), and x <> ALL(ARRAY[a, b]) NOT x IN (a, b)
+    (an empty array: FALSE and TRUE), as PostgreSQL defines them; a list bound to
+    `= ANY($1)` arrives as such an array.
+
+    >>> from sqlglot import parse_one
+    >>> q = parse_one("SELECT COUNT(*) FROM t WHERE a = ANY(ARRAY[1, 2]) AND b <> ALL(ARRAY['x'])",
+    ...               read="postgres")
+    >>> _fold_any(q).sql("postgres")
+    "SELECT COUNT(*) FROM t WHERE a IN (1, 2) AND NOT b IN ('x')"
+    """
+    def items(node: exp.Expression | None) -> list[exp.Expression] | None:
+        while isinstance(node, exp.Paren):
+            node = node.this
+        return list(node.expressions) if isinstance(node, exp.Array) else None
+
+    def fold(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.EQ) and isinstance(node.expression, exp.Any):
+            values = items(node.expression.this)
+            if values is not None:
+                return exp.In(this=node.this.copy(), expressions=[v.copy() for v in values]) \
+                    if values else exp.false()
+        if isinstance(node, exp.NEQ) and _is_all(node.expression):
+            values = items(node.expression.expressions[0])
+            if values is not None:
+                return exp.Not(this=exp.In(this=node.this.copy(),
+                                           expressions=[v.copy() for v in values])) \
+                    if values else exp.true()
+        return node
+    if select.find(exp.Any, exp.Anonymous) is None:
+        return select
+    return select.transform(fold)
+
+
+def _is_all(node: exp.Expression) -> bool:
+    """ALL(…) of `x <> ALL(ARRAY[…])`, which sqlglot reads as a function call."""
+    return isinstance(node, exp.Anonymous) and node.name.upper() == "ALL" \
+        and len(node.expressions) == 1
 
 
 def _quantile_literal(node: exp.Expression, function: str) -> Fraction:

@@ -1009,7 +1009,11 @@ _FALSE = {"f", "false", "n", "no", "off", "0"}
 
 def _parameter_text(text: str, oid: int) -> Any:
     stripped = text.strip()
-    name = TYPES_BY_OID[oid].name if oid in TYPES_BY_OID else "text"
+    known = TYPES_BY_OID.get(oid)
+    name = known.name if known is not None else "text"
+    if known is not None and known.element:
+        return [None if item is None else _parameter_text(item, known.element)
+                for item in _array_items(stripped, name)]
     try:
         if oid in (INT2, INT4, INT8, OID):
             value = int(stripped)
@@ -1036,6 +1040,62 @@ def _parameter_text(text: str, oid: int) -> Any:
         raise InvalidTextRepresentation(
             f"invalid input syntax for type {name}: \"{text}\"") from None
     return text
+
+
+def _array_items(text: str, name: str) -> list[str | None]:
+    r"""The items of a one-dimensional array literal in PostgreSQL's text form
+    (`{1,2}`, `{"a b",NULL,"say \"hi\""}`): strings, None for an unquoted NULL.
+
+    >>> _array_items('{1, 2,3}', "_int8")
+    ['1', '2', '3']
+    >>> _array_items(r'{"a,b",NULL,"NULL",c\,d}', "_text")
+    ['a,b', None, 'NULL', 'c,d']
+    """
+    bad = InvalidTextRepresentation(f"malformed array literal for type {name}: \"{text}\"",
+                                    hint="one-dimensional arrays only, as {1,2,3}")
+    if len(text) < 2 or text[0] != "{" or text[-1] != "}":
+        raise bad
+    body = text[1:-1]
+    if not body.strip():
+        return []
+    items: list[str | None] = []
+    i = 0
+    while True:
+        while i < len(body) and body[i].isspace():
+            i += 1
+        if i < len(body) and body[i] == '"':
+            i += 1
+            chars = []
+            while i < len(body) and body[i] != '"':
+                if body[i] == "\\":
+                    i += 1
+                if i < len(body):
+                    chars.append(body[i])
+                i += 1
+            if i >= len(body):
+                raise bad
+            i += 1
+            item: str | None = "".join(chars)
+        else:
+            chars = []
+            while i < len(body) and body[i] not in ',{}"':
+                if body[i] == "\\":
+                    i += 1
+                if i < len(body):
+                    chars.append(body[i])
+                i += 1
+            word = "".join(chars).strip()
+            if not word or (i < len(body) and body[i] in '{}"'):
+                raise bad  # an empty item, or a nested array
+            item = None if word.upper() == "NULL" else word
+        items.append(item)
+        while i < len(body) and body[i].isspace():
+            i += 1
+        if i == len(body):
+            return items
+        if body[i] != ",":
+            raise bad
+        i += 1
 
 
 def _array_from_binary(data: bytes, position: int) -> list[Any]:

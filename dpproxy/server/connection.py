@@ -148,8 +148,16 @@ _DUMMY_VALUES: dict[int, Any] = {
 
 
 def _dummy_parameters(oids: Sequence[int]) -> list[Any] | None:
-    """Values of the right types to describe a statement before its parameters are bound."""
-    return [_DUMMY_VALUES.get(oid, "") for oid in oids] if oids else None
+    """Values of the right types to describe a statement before its parameters are bound
+    (an array: a list of one such value)."""
+    return [_dummy_value(oid) for oid in oids] if oids else None
+
+
+def _dummy_value(oid: int) -> Any:
+    known = codec.TYPES_BY_OID.get(oid)
+    if known is not None and known.element:
+        return [_DUMMY_VALUES.get(known.element, "")]
+    return _DUMMY_VALUES.get(oid, "")
 
 
 def _formats(codes: Sequence[int], count: int) -> list[int]:

@@ -3,8 +3,8 @@
 asyncpg sends Parse without parameter types and encodes its arguments by the
 types the server answers, so they must be concrete: a `$n::type` cast gives
 that type; `$n` compared with (or BETWEEN, IN, LIKE) a column of a granted
-table gets the column's type from the policy; LIMIT/OFFSET take int8;
-anything else is text.
+table gets the column's type from the policy, and in `col = ANY($n)` an array
+of it; LIMIT/OFFSET take int8; anything else is text.
 
 >>> from pathlib import Path
 >>> from dpproxy.policy import load_policy
@@ -14,6 +14,8 @@ anything else is text.
 [20, 25, 25, 20]
 >>> infer("SELECT $1::float8 AS x", 1, policy, policy.analyst("alice"))
 [701]
+>>> infer("SELECT COUNT(*) FROM adult WHERE age = ANY($1)", 1, policy, policy.analyst("alice"))
+[1016]
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ _CAST_OIDS = {
     exp.DataType.Type.BOOLEAN: codec.BOOL, exp.DataType.Type.TIMESTAMP: codec.TIMESTAMP,
     exp.DataType.Type.TIMESTAMPTZ: 1184,
 }
+# the array type of each column type, for `col = ANY($1)`
+_ARRAY_OIDS = {t.element: t.oid for t in codec.TYPES_BY_OID.values() if t.element}
 _COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Like, exp.ILike,
                 exp.Between, exp.In)
 
@@ -122,6 +126,10 @@ def infer(sql: str, count: int, policy: Policy, analyst: AnalystPolicy) -> list[
             continue
         while isinstance(parent, exp.Paren | exp.Tuple):
             node, parent = parent, parent.parent
+        array = isinstance(parent, exp.Any) or (isinstance(parent, exp.Anonymous)
+                                                and parent.name.upper() == "ALL")
+        if array:  # `col = ANY($1)`: an array of the column's type
+            node, parent = parent, parent.parent
         if isinstance(parent, _COMPARISONS):
             for other in _other_side(parent, node):
                 if isinstance(other, exp.Cast):
@@ -129,5 +137,5 @@ def infer(sql: str, count: int, policy: Policy, analyst: AnalystPolicy) -> list[
                 elif isinstance(other, exp.Column):
                     oid = _column_oid(other, scope_tables, policy, analyst)
                     if oid is not None:
-                        oids[index] = oid
+                        oids[index] = _ARRAY_OIDS[oid] if array else oid
     return oids

@@ -253,7 +253,7 @@ def test_wrong_parameters_are_programming_errors(sql: str, params: Any) -> None:
         parse_statements(sql, params)
 
 
-@pytest.mark.parametrize("value", [b"bytes", [1], {"a": 1}, object(), float("nan"),
+@pytest.mark.parametrize("value", [b"bytes", [[1]], {"a": 1}, object(), float("nan"),
                                    dt.time(12, 0)])
 def test_unsupported_parameter_types_are_programming_errors(value: Any) -> None:
     with pytest.raises(errors.ProgrammingError):

@@ -42,7 +42,7 @@ def test_cached_parses_bind_like_fresh_ones_and_leave_the_template_alone() -> No
     ([1], "fewer parameters"),
     ([1, "x", 3], "3 parameters were given but the query uses 2"),
     (None, "no parameters were given"),
-    ([[1, 2], "x"], "parameters of type list"),
+    ([[[1], [2]], "x"], "parameters of type list"),  # a flat list is an array
     ([float("nan"), "x"], "not a valid parameter"),
 ])
 def test_binding_errors_come_from_cached_parses_too(params: Any, message: str) -> None:

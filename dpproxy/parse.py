@@ -79,7 +79,8 @@ class Statement:
         return self.kind in ("set", "reset", "show", "transaction", "noop")
 
 
-def _tokens(sql: str) -> list[Token]:
+def tokenize(sql: str) -> list[Token]:
+    """sqlglot's tokens of `sql` in PostgreSQL's dialect; a SyntaxError where it cannot."""
     try:
         return sqlglot.Dialect.get_or_raise(DIALECT).tokenize(sql)
     except TokenError as exc:
@@ -101,7 +102,7 @@ def _unclosed_quote(sql: str) -> int:
 def split_statements(sql: str) -> list[tuple[str, list[Token], int]]:
     """Statement texts with their tokens and offsets in `sql`, split at top-level
     semicolons."""
-    tokens = _tokens(sql)
+    tokens = tokenize(sql)
     pieces: list[tuple[str, list[Token], int]] = []
     current: list[Token] = []
     for token in [*tokens, None]:
@@ -230,7 +231,7 @@ def _classify(text: str, tokens: list[Token]) -> Statement:
     if first == "SET":
         return _set_statement(text)
     if first == "EXPLAIN":
-        inner_tokens = _tokens(rest)
+        inner_tokens = tokenize(rest)
         skip = 0
         while _word(inner_tokens, skip) == "VERBOSE":
             skip += 1
@@ -436,6 +437,12 @@ def bind_parameters(ast: exp.Expression, params: Parameters, *, copy: bool = Fal
     if positional is not None and not isinstance(params, Mapping) and used < len(params):
         raise ProgrammingError(f"{len(params)} parameters were given but the query uses {used}")
     return bound
+
+
+def is_all_call(node: exp.Expression) -> bool:
+    """ALL(…) of `x <> ALL(ARRAY[…])`, which sqlglot reads as a function call."""
+    return isinstance(node, exp.Anonymous) and node.name.upper() == "ALL" \
+        and len(node.expressions) == 1
 
 
 def to_literal(value: Any) -> exp.Expression:

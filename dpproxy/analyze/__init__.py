@@ -41,6 +41,7 @@ from ..errors import (
     ProgrammingError,
     UndefinedTable,
 )
+from ..parse import is_all_call
 from ..policy import AnalystPolicy, ColumnPolicy, Policy, TablePolicy
 from ..postprocess import (
     OUTPUT_FUNCTIONS_HELP,
@@ -343,7 +344,7 @@ def _fold_any(select: exp.Select) -> exp.Select:
             if values is not None:
                 return exp.In(this=node.this.copy(), expressions=[v.copy() for v in values]) \
                     if values else exp.false()
-        if isinstance(node, exp.NEQ) and _is_all(node.expression):
+        if isinstance(node, exp.NEQ) and is_all_call(node.expression):
             values = items(node.expression.expressions[0])
             if values is not None:
                 return exp.Not(this=exp.In(this=node.this.copy(),
@@ -353,12 +354,6 @@ def _fold_any(select: exp.Select) -> exp.Select:
     if select.find(exp.Any, exp.Anonymous) is None:
         return select
     return select.transform(fold)
-
-
-def _is_all(node: exp.Expression) -> bool:
-    """ALL(…) of `x <> ALL(ARRAY[…])`, which sqlglot reads as a function call."""
-    return isinstance(node, exp.Anonymous) and node.name.upper() == "ALL" \
-        and len(node.expressions) == 1
 
 
 def _quantile_literal(node: exp.Expression, function: str) -> Fraction:

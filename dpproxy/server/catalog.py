@@ -53,6 +53,7 @@ from ..errors import Error, ProgrammingError, UndefinedObject, UndefinedTable
 from ..parse import bind_parameters, parse_statements, split_statements, to_literal
 from ..policy import AnalystPolicy, Policy
 from ..session import Description, Result
+from .codec import array_items
 from .jobs import QueryCanceled
 
 log = logging.getLogger("dpproxy.catalog")
@@ -1475,18 +1476,7 @@ class _ToDuckDB:
 
 def _pg_array(text: str, element: str | None) -> exp.Expression:
     """A PostgreSQL array literal ('{1,2}', '{"a b",NULL}') as a DuckDB list."""
-    items: list[Any] = []
-    body = text.strip()[1:-1]
-    for match in re.finditer(r'\s*("(?:[^"\\]|\\.)*"|[^,]*)\s*(?:,|$)', body):
-        raw = match.group(1).strip()
-        if match.start() == len(body) and not raw:
-            break
-        if raw.startswith('"'):
-            items.append(re.sub(r"\\(.)", r"\1", raw[1:-1]))
-        else:
-            items.append(None if raw.upper() == "NULL" else raw)
-    if not body.strip():
-        items = []
+    items: list[Any] = array_items(text.strip(), f"_{element}" if element else "array")
     if element in ("int2", "int4", "int8", "oid", "float4", "float8", "numeric"):
         # not numbers: left as text, DuckDB's cast reports it and the answer is empty
         with contextlib.suppress(ValueError):

@@ -1013,7 +1013,7 @@ def _parameter_text(text: str, oid: int) -> Any:
     name = known.name if known is not None else "text"
     if known is not None and known.element:
         return [None if item is None else _parameter_text(item, known.element)
-                for item in _array_items(stripped, name)]
+                for item in array_items(stripped, name)]
     try:
         if oid in (INT2, INT4, INT8, OID):
             value = int(stripped)
@@ -1042,13 +1042,14 @@ def _parameter_text(text: str, oid: int) -> Any:
     return text
 
 
-def _array_items(text: str, name: str) -> list[str | None]:
+def array_items(text: str, name: str) -> list[str | None]:
     r"""The items of a one-dimensional array literal in PostgreSQL's text form
-    (`{1,2}`, `{"a b",NULL,"say \"hi\""}`): strings, None for an unquoted NULL.
+    (`{1,2}`, `{"a b",NULL,"say \"hi\""}`): strings, None for an unquoted NULL; the
+    catalog's array literals are read by it too.
 
-    >>> _array_items('{1, 2,3}', "_int8")
+    >>> array_items('{1, 2,3}', "_int8")
     ['1', '2', '3']
-    >>> _array_items(r'{"a,b",NULL,"NULL",c\,d}', "_text")
+    >>> array_items(r'{"a,b",NULL,"NULL",c\,d}', "_text")
     ['a,b', None, 'NULL', 'c,d']
     """
     bad = InvalidTextRepresentation(f"malformed array literal for type {name}: \"{text}\"",

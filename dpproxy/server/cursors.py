@@ -29,12 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import sqlglot
-from sqlglot.errors import TokenError
 from sqlglot.tokens import Token, TokenType
 
 from .. import errors
-from ..parse import DIALECT
+from ..parse import tokenize
 
 WORDS = frozenset({"DECLARE", "FETCH", "MOVE", "CLOSE"})
 # What PostgreSQL lets a cursor run (DECLARE … FOR SELECT/VALUES/TABLE/WITH, or one in
@@ -72,7 +70,7 @@ CursorStatement = Declare | Fetch | CloseCursor
 
 def parse(text: str) -> CursorStatement | None:
     """The cursor statement `text` is, or None when its first word is none of WORDS."""
-    tokens = _tokenize(text)
+    tokens = tokenize(text)
     first = _word(tokens, 0)
     if first not in WORDS:
         return None
@@ -86,15 +84,8 @@ def parse(text: str) -> CursorStatement | None:
         return CloseCursor(_name(tokens[1]))
     # FETCH's rest comes as one string token (whose offsets are not the rest's): read the
     # text after the first word as tokens of its own
-    rest = _tokenize(text[tokens[0].end + 1:]) if first == "FETCH" else tokens[1:]
+    rest = tokenize(text[tokens[0].end + 1:]) if first == "FETCH" else tokens[1:]
     return _fetch(rest, first == "MOVE")
-
-
-def _tokenize(text: str) -> list[Token]:
-    try:
-        return sqlglot.Dialect.get_or_raise(DIALECT).tokenize(text)
-    except TokenError as exc:
-        raise errors.SyntaxError(f"syntax error: {exc}") from None
 
 
 def _word(tokens: list[Token], i: int) -> str:
@@ -121,7 +112,7 @@ def _name(token: Token) -> str:
 def _declare(text: str, tokens: list[Token]) -> Declare:
     # DECLARE's rest also comes as one string token
     rest = text[tokens[0].end + 1:]
-    words = _tokenize(rest)
+    words = tokenize(rest)
     usage = "DECLARE name [NO] SCROLL CURSOR [WITH HOLD] FOR SELECT …"
     if len(words) < 3:
         raise errors.SyntaxError("DECLARE needs a cursor name, CURSOR and FOR a query",

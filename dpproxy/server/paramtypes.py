@@ -28,7 +28,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import TokenType
 
-from ..parse import DIALECT
+from ..parse import DIALECT, is_all_call
 from ..policy import AnalystPolicy, Policy
 from . import codec
 
@@ -126,8 +126,7 @@ def infer(sql: str, count: int, policy: Policy, analyst: AnalystPolicy) -> list[
             continue
         while isinstance(parent, exp.Paren | exp.Tuple):
             node, parent = parent, parent.parent
-        array = isinstance(parent, exp.Any) or (isinstance(parent, exp.Anonymous)
-                                                and parent.name.upper() == "ALL")
+        array = isinstance(parent, exp.Any) or is_all_call(parent)
         if array:  # `col = ANY($1)`: an array of the column's type
             node, parent = parent, parent.parent
         if isinstance(parent, _COMPARISONS):

@@ -67,6 +67,24 @@ class InvalidTextRepresentation(DataError):
     sqlstate = "22P02"
 
 
+class InvalidFrameOffset(DataError):
+    """A window frame's PRECEDING or FOLLOWING offset is negative."""
+
+    sqlstate = "22013"
+
+
+class InvalidNtileArgument(DataError):
+    """NTILE's bucket count is not a positive integer."""
+
+    sqlstate = "22014"
+
+
+class InvalidNthValueArgument(DataError):
+    """NTH_VALUE's position is not a positive integer."""
+
+    sqlstate = "22016"
+
+
 class OperationalError(DatabaseError):
     sqlstate = "58000"
 
@@ -137,6 +155,12 @@ class DatatypeMismatch(ProgrammingError):
 
 class GroupingError(ProgrammingError):
     sqlstate = "42803"
+
+
+class WindowingError(ProgrammingError):
+    """A window function where SQL allows none (WHERE, HAVING, nested), or a bad frame."""
+
+    sqlstate = "42P20"
 
 
 class PrivacyViolation(ProgrammingError):

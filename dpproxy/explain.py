@@ -107,6 +107,9 @@ def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -
                      + aggregate_error(plan, agg, epsilon)
                      + (f"; argument bounds [{agg.argument_bounds[0]:g}, "
                         f"{agg.argument_bounds[1]:g}]" if agg.argument_bounds else ""))
+    for call in analysis.windows:
+        lines.append(f"  {call.text}: over the released groups, after HAVING "
+                     "(post-processing: costs nothing)")
     if rewritten_sql is not None:
         lines.append("Rewritten SQL (a parameter, if any, is a salt drawn afresh per query):")
         lines.append(f"  {rewritten_sql}")

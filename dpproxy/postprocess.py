@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, ClassVar
 
@@ -43,6 +44,23 @@ class AggregateRef(exp.Expression):
     arg_types: ClassVar[dict[str, bool]] = {"this": True}
 
 
+class WindowRef(exp.Expression):
+    """Stands for one window function call's value (`dpproxy.windows`) inside an output
+    or ORDER BY expression; `function` is its SQL name, which names an unaliased output."""
+
+    arg_types: ClassVar[dict[str, bool]] = {"this": True, "function": False}
+
+
+@dataclass(frozen=True)
+class OrderItem:
+    """One ORDER BY item, of the query or of a window: an expression over aggregates and
+    keys, and where it puts NULLs (PostgreSQL's default: last ascending, first descending)."""
+
+    expression: exp.Expression
+    descending: bool
+    nulls_first: bool
+
+
 def refer_to_aggregates(node: exp.Expression, names: Mapping[str, str]) -> exp.Expression:
     """A copy of `node` with each aggregate call replaced by an AggregateRef to its name."""
     def swap(n: exp.Expression) -> exp.Expression:
@@ -63,6 +81,8 @@ def output_name(item: exp.Expression) -> str:
         return output_name(item.this)
     if isinstance(item, exp.Column):
         return item.name
+    if isinstance(item, WindowRef):
+        return str(item.args.get("function") or "?column?")
     if isinstance(item, exp.Cast):
         # PostgreSQL names a cast after its argument, or else after the target type
         inner = output_name(item.this)
@@ -88,8 +108,8 @@ def output_name(item: exp.Expression) -> str:
 def check_output_expression(node: exp.Expression, check_key: Callable[[exp.Column], None]
                             ) -> None:
     """Reject anything the evaluator cannot compute; columns must pass `check_key`."""
-    if isinstance(node, exp.AggFunc):
-        return  # measured by the plan; a leaf here
+    if isinstance(node, exp.AggFunc | WindowRef):
+        return  # measured by the plan, or computed over its rows (windows); a leaf here
     if isinstance(node, exp.Column):
         check_key(node)
         return
@@ -123,13 +143,32 @@ def check_output_expression(node: exp.Expression, check_key: Callable[[exp.Colum
 def evaluate(node: exp.Expression, aggregates: Mapping[str, Value], keys: Mapping[str, Value]
              ) -> Value:
     """Evaluate a checked output expression over released aggregates and group keys."""
-    if isinstance(node, AggregateRef):
+    if isinstance(node, AggregateRef | WindowRef):
         return aggregates[node.this]
     if isinstance(node, exp.AggFunc):
         return aggregates[node.sql("postgres")]
     if isinstance(node, exp.Column):
         return keys[node.name]
     return _HANDLERS[type(node)](node, (aggregates, keys))
+
+
+def compare_values(a: Value, b: Value, descending: bool, nulls_first: bool) -> int:
+    """-1, 0 or 1 as a sorts before, with or after b in an ORDER BY item: NULLs first or
+    last whatever the direction, NaN above every number (as PostgreSQL sorts floats), a
+    text compared with a non-text as texts."""
+    if a is None or b is None:
+        if a is None and b is None:
+            return 0
+        return (-1 if a is None else 1) * (1 if nulls_first else -1)
+    a_nan = isinstance(a, float) and math.isnan(a)
+    b_nan = isinstance(b, float) and math.isnan(b)
+    if a_nan or b_nan:
+        result = int(a_nan) - int(b_nan)
+    else:
+        if type(a) is not type(b) and (isinstance(a, str) or isinstance(b, str)):
+            a, b = str(a), str(b)
+        result = int(a > b) - int(a < b)
+    return -result if descending else result
 
 
 def monotone_of(node: exp.Expression) -> tuple[str, int] | None:
@@ -427,7 +466,7 @@ def infer_type(node: exp.Expression, aggregate_types: Mapping[str, str],
                key_types: Mapping[str, str]) -> str:
     """The PostgreSQL type name of a checked output expression's values."""
     def infer(n: exp.Expression) -> str:
-        if isinstance(n, AggregateRef):
+        if isinstance(n, AggregateRef | WindowRef):
             return aggregate_types[n.this]
         if isinstance(n, exp.Column):
             return key_types[n.name]

@@ -26,9 +26,10 @@ from .analyze.aggregates import combine, interval
 from .analyze.keys import normalize_key
 from .mechanisms import half_width, release_reaching, release_vectors
 from .plan import Measurement, QueryPlan
-from .postprocess import AggregateRef, Value, evaluate, monotone_of
+from .postprocess import AggregateRef, Value, compare_values, evaluate, monotone_of
 from .quantiles import decode_histogram, rank_error, release_quantile
 from .selection import SelectionSpec, effective_threshold
+from .windows import compute as compute_windows
 
 Interval = tuple[float, float]
 _T = TypeVar("_T")
@@ -194,7 +195,8 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
     key_names = [k.name for k in analysis.keys]
     keys_of = dict(zip(key_names, key_columns, strict=True))
 
-    needs_rows = analysis.having is not None or bool(analysis.order) or not all(
+    needs_rows = analysis.having is not None or bool(analysis.order) \
+        or bool(analysis.windows) or not all(
         isinstance(o.expression, AggregateRef | exp.Column) for o in analysis.outputs)
     table_rows: list[dict[str, Value]] = []
     keys_of_rows: list[dict[str, Value]] = []
@@ -210,6 +212,8 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
     if analysis.having is not None:
         selected = [i for i in selected
                     if evaluate(analysis.having, table_rows[i], keys_of_rows[i]) is True]
+    if analysis.windows:  # over the groups HAVING keeps, before ORDER BY and LIMIT
+        compute_windows(analysis.windows, selected, table_rows, keys_of_rows)
     if analysis.order:
         selected.sort(key=functools.cmp_to_key(
             lambda a, b: _compare_rows(analysis, table_rows, keys_of_rows, a, b)))
@@ -511,13 +515,9 @@ def _accuracy(output: Output, plan: QueryPlan) -> ColumnAccuracy | None:
 def _compare_rows(analysis: Analysis, rows: list[dict[str, Value]],
                   keys: list[dict[str, Value]], a: int, b: int) -> int:
     for item in analysis.order:
-        va = evaluate(item.expression, rows[a], keys[a])
-        vb = evaluate(item.expression, rows[b], keys[b])
-        if va == vb:
-            continue
-        if va is None or vb is None:
-            return (-1 if va is None else 1) * (1 if item.nulls_first else -1)
-        less = va < vb if type(va) is type(vb) or not isinstance(va, str) else str(va) < str(vb)
-        result = -1 if less else 1
-        return -result if item.descending else result
+        result = compare_values(evaluate(item.expression, rows[a], keys[a]),
+                                evaluate(item.expression, rows[b], keys[b]),
+                                item.descending, item.nulls_first)
+        if result:
+            return result
     return a - b  # stable: the policy's key order

@@ -17,7 +17,9 @@ The passes run in this order, each small and named after what it checks:
                        partition selection
 5. `_collect_aggregates` every aggregate is in the rule table and its argument is bounded;
                        local-DP columns are read only through their rules (`ldp.py`)
-6. `_resolve_outputs`  outputs, HAVING and ORDER BY only post-process aggregates and keys
+6. `_resolve_outputs`  outputs, HAVING and ORDER BY only post-process aggregates and keys;
+                       window functions (`dpproxy.windows`, taken out of the select list
+                       and ORDER BY before step 2) only read them too
 
 Nothing here touches data; the result says exactly what will be measured.
 """
@@ -45,11 +47,14 @@ from ..parse import is_all_call
 from ..policy import AnalystPolicy, ColumnPolicy, Policy, TablePolicy
 from ..postprocess import (
     OUTPUT_FUNCTIONS_HELP,
+    OrderItem,
+    WindowRef,
     check_output_expression,
     infer_type,
     output_name,
     refer_to_aggregates,
 )
+from ..windows import WindowCall, check_types, describe, extract, parts, result_type
 from .aggregates import (
     RULES,
     SUPPORTED_HELP,
@@ -106,13 +111,6 @@ class Output:
 
 
 @dataclass(frozen=True)
-class OrderItem:
-    expression: exp.Expression
-    descending: bool
-    nulls_first: bool
-
-
-@dataclass(frozen=True)
 class Analysis:
     table: TablePolicy
     where: exp.Expression | None
@@ -127,6 +125,8 @@ class Analysis:
     statement: str  # the normalized query, for the ledger, audit log and cache
     # public tables joined to `table`, whose columns `table` holds as "<prefix>.<column>"
     joins: tuple[Join, ...] = ()
+    # window function calls over the released groups, which outputs and ORDER BY read
+    windows: tuple[WindowCall, ...] = ()
 
     @property
     def fans_out(self) -> bool:
@@ -136,12 +136,21 @@ class Analysis:
     @property
     def output_types(self) -> tuple[str, ...]:
         """PostgreSQL type names of the outputs (int8, float8, text, date, bool)."""
-        aggregate_types = {}
+        value_types, key_types = self.value_types()
+        return tuple(infer_type(o.expression, value_types, key_types) for o in self.outputs)
+
+    def value_types(self) -> tuple[dict[str, str], dict[str, str]]:
+        """PostgreSQL type names of the aggregates and window calls (by the names outputs
+        read them by), and of the keys."""
+        value_types = {}
         for agg in self.aggregates:
             stats = [self.statistics[i] for i in agg.statistics]
-            aggregate_types[agg.sql] = "int8" if agg.rule.integer_result(stats) else "float8"
+            value_types[agg.sql] = "int8" if agg.rule.integer_result(stats) else "float8"
         key_types = {k.name: _PG_TYPES[k.column.type] for k in self.keys}
-        return tuple(infer_type(o.expression, aggregate_types, key_types) for o in self.outputs)
+        for call in self.windows:
+            argument_types = [infer_type(a, value_types, key_types) for a in call.arguments]
+            value_types[call.name] = result_type(call, argument_types)
+        return value_types, key_types
 
     @property
     def public_groups(self) -> bool:
@@ -179,7 +188,7 @@ _UNSUPPORTED_CLAUSES = {
     "laterals": ("LATERAL", "query one table"),
     "distinct": ("SELECT DISTINCT", "use GROUP BY with an aggregate such as COUNT(*)"),
     "qualify": ("QUALIFY", "filter outputs with HAVING"),
-    "windows": ("WINDOW", "use GROUP BY"),
+    "windows": ("WINDOW (named windows)", "write the window in place: OVER (ORDER BY …)"),
     "into": ("SELECT INTO", "dpproxy is read-only"),
     "locks": ("FOR UPDATE/SHARE", "dpproxy is read-only"),
     "sample": ("TABLESAMPLE", "sampling is not supported"),
@@ -206,6 +215,7 @@ def analyze(select: exp.Expression, policy: Policy, analyst: AnalystPolicy
     if select.args.get("from_") is None:
         return _constant_query(select, statement)
     select = _fold_any(_fold_filters(_fold_within_group(select)))
+    select, window_nodes = extract(select)
     table, alias = _resolve_table(select, policy, analyst)
     joins: tuple[Join, ...] = ()
     if select.args.get("joins"):
@@ -219,11 +229,25 @@ def analyze(select: exp.Expression, policy: Policy, analyst: AnalystPolicy
     public_rows = rows_are_public(
         [*read, *(k.column for k in keys if k.expression is None)], table,
         {f"{j.prefix}.{name}" for j in joins for name in j.table.columns})
-    statistics, aggregates = _collect_aggregates(select, table, resolve, public_rows)
-    outputs, having, order = _resolve_outputs(select, keys, aggregates, resolve)
+    statistics, aggregates = _collect_aggregates(
+        select, table, resolve, public_rows,
+        [part for node in window_nodes for part in parts(node)])
+    if window_nodes and not keys and not aggregates:
+        raise NotSupportedError(
+            "window functions read the groups of an aggregate query; over the table's rows "
+            "they would release one row per row",
+            hint="aggregate first, e.g. SUM(COUNT(*)) OVER () with GROUP BY")
+    outputs, having, order, calls = _resolve_outputs(select, keys, aggregates, resolve,
+                                                     window_nodes)
     limit, offset = _limit_offset(select)
-    return Analysis(table, where, keys, statistics, aggregates, outputs, having, order, limit,
-                    offset, statement, joins)
+    analysis = Analysis(table, where, keys, statistics, aggregates, outputs, having, order,
+                        limit, offset, statement, joins, calls)
+    if calls:
+        value_types, key_types = analysis.value_types()
+        for call in calls:
+            check_types(call, [infer_type(a, value_types, key_types)
+                                       for a in call.arguments])
+    return analysis
 
 
 # 1 -------------------------------------------------------------------------------------------
@@ -237,10 +261,6 @@ def _check_shape(select: exp.Expression) -> None:
     for arg, (what, fix) in _UNSUPPORTED_CLAUSES.items():
         if select.args.get(arg):
             raise NotSupportedError(f"{what} is not supported", hint=fix)
-    window = select.find(exp.Window)
-    if window is not None:
-        raise NotSupportedError("window functions are not supported",
-                                hint="use GROUP BY with COUNT, SUM or AVG")
     for sub in select.find_all(exp.Select, exp.Subquery):
         if sub is not select:
             raise NotSupportedError(
@@ -533,7 +553,7 @@ def _key_expressions(node: exp.Expression, keys: Sequence[GroupKey], resolve: Re
         return node
 
     def swap(n: exp.Expression) -> exp.Expression:
-        if isinstance(n, exp.Column | exp.Literal | exp.AggFunc) \
+        if isinstance(n, exp.Column | exp.Literal | exp.AggFunc | WindowRef) \
                 or n.find_ancestor(exp.AggFunc) is not None:
             return n
         inner = n
@@ -661,11 +681,13 @@ def _quantile_clamp_hint(node: exp.Expression, arg: exp.Expression, t: ExprType)
 
 
 def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolver,
-                        public_rows: bool
+                        public_rows: bool, more: Sequence[exp.Expression] = ()
                         ) -> tuple[tuple[Statistic, ...], tuple[AggregateCall, ...]]:
+    """The aggregates of the select list, HAVING, ORDER BY and `more` (what window calls
+    read), their statistics shared."""
     statistics: list[Statistic] = []
     aggregates: dict[str, AggregateCall] = {}
-    places: list[exp.Expression] = list(select.expressions)
+    places: list[exp.Expression] = [*select.expressions, *more]
     for clause in ("having", "order"):
         if select.args.get(clause) is not None:
             places.append(select.args[clause])
@@ -736,8 +758,10 @@ def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolve
 
 # 6 -------------------------------------------------------------------------------------------
 def _resolve_outputs(select: exp.Select, keys: tuple[GroupKey, ...],
-                     aggregates: tuple[AggregateCall, ...], resolve: Resolver
-                     ) -> tuple[tuple[Output, ...], exp.Expression | None, tuple[OrderItem, ...]]:
+                     aggregates: tuple[AggregateCall, ...], resolve: Resolver,
+                     window_nodes: Sequence[exp.Window] = ()
+                     ) -> tuple[tuple[Output, ...], exp.Expression | None, tuple[OrderItem, ...],
+                                tuple[WindowCall, ...]]:
     key_names = [k.name for k in keys]
     expression_keys = {k.name for k in keys if k.expression is not None}
     aggregate_index = {a.sql: i for i, a in enumerate(aggregates)}
@@ -768,8 +792,9 @@ def _resolve_outputs(select: exp.Select, keys: tuple[GroupKey, ...],
         if isinstance(body, exp.Column):
             key_index = key_names.index(body.name if body.name in expression_keys
                                         else resolve(body).name)
-        outputs.append(Output(output_name(item), body, aggregate_index.get(body.sql("postgres")),
-                              key_index))
+        aggregate = aggregate_index.get(body.sql("postgres")) \
+            if isinstance(body, exp.AggFunc) else None
+        outputs.append(Output(output_name(item), body, aggregate, key_index))
 
     aliases = {o.name: o.expression for o in outputs}
 
@@ -811,7 +836,16 @@ def _resolve_outputs(select: exp.Select, keys: tuple[GroupKey, ...],
     order = [replace(o, expression=refer_to_aggregates(o.expression, names)) for o in order]
     if having is not None:
         having = refer_to_aggregates(having, names)
-    return tuple(outputs), having, tuple(order)
+
+    def prepare(node: exp.Expression) -> exp.Expression:
+        # what a window reads: keys and aggregates, as outputs read them (no output alias,
+        # as in PostgreSQL, where OVER (…) sees the query's columns only)
+        node = _key_expressions(node, keys, resolve)
+        check_output_expression(node, check_key)
+        return refer_to_aggregates(node, names)
+    calls = tuple(describe(node, f"__window{i}", prepare)
+                  for i, node in enumerate(window_nodes))
+    return tuple(outputs), having, tuple(order), calls
 
 
 def _limit_offset(select: exp.Select) -> tuple[int | None, int]:

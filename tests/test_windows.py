@@ -227,6 +227,10 @@ REFUSED = [
     ("SELECT sex, COUNT(*) FROM adult WHERE ROW_NUMBER() OVER () > 1 GROUP BY sex", "42P20"),
     ("SELECT sex, COUNT(*) FROM adult GROUP BY sex HAVING RANK() OVER () > 1", "42P20"),
     ("SELECT COUNT(*) FROM adult GROUP BY RANK() OVER ()", "42P20"),
+    ("SELECT sex, RANK() OVER (ORDER BY COUNT(*)) FROM adult GROUP BY 2", "42P20"),
+    ("SELECT sex, RANK() OVER (ORDER BY COUNT(*)) AS r FROM adult GROUP BY r", "42P20"),
+    ("SELECT sex, RANK() OVER (ORDER BY COUNT(*)) AS r FROM adult GROUP BY sex HAVING r > 1",
+     "42P20"),
     ("SELECT sex, SUM(SUM(COUNT(*)) OVER ()) OVER () FROM adult GROUP BY sex", "42P20"),
     ("SELECT sex, SUM(RANK() OVER ()) FROM adult GROUP BY sex", "42803"),
     ("SELECT COUNT(*) OVER () FROM adult", "0A000"),
@@ -271,3 +275,18 @@ def test_explain_names_each_window_as_free(engine: Engine) -> None:
     assert "  SUM(COUNT(*)) OVER (): over the released groups, after HAVING " \
            "(post-processing: costs nothing)" in lines
     assert engine.ledger.status("analyst:alice").spent.epsilon == 0
+
+
+def test_windows_over_a_wrapped_query(engine: Engine) -> None:
+    """A BI tool's wrapped query (a WITH query merged in): shares of the total add to 1,
+    and a partition's sum is the sum of its groups' released counts."""
+    alice = engine.session("alice", epsilon=1.0)
+    rows = alice.execute(
+        "WITH t AS (SELECT occupation, sex AS s FROM adult WHERE age > 30) SELECT occupation, "
+        "s, COUNT(*) AS c, COUNT(*) * 1.0 / SUM(COUNT(*)) OVER () AS share, "
+        "SUM(COUNT(*)) OVER (PARTITION BY s) AS per_sex FROM t GROUP BY occupation, s").rows
+    assert len(rows) == 28
+    assert math.isclose(sum(r[3] for r in rows), 1.0, rel_tol=1e-12)
+    for sex in ("Female", "Male"):
+        mine = [r for r in rows if r[1] == sex]
+        assert all(r[4] == sum(x[2] for x in mine) for r in mine)

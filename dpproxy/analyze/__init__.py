@@ -42,6 +42,7 @@ from ..errors import (
     PrivacyViolation,
     ProgrammingError,
     UndefinedTable,
+    WindowingError,
 )
 from ..parse import is_all_call
 from ..policy import AnalystPolicy, ColumnPolicy, Policy, TablePolicy
@@ -462,6 +463,8 @@ def _resolve_keys(select: exp.Select, table: TablePolicy, resolve: Resolver
     keys: list[GroupKey] = []
     for item in group.expressions:
         node = _dereference(item, select.expressions, table)
+        if node.find(WindowRef) is not None:  # GROUP BY 2 or an alias naming a window
+            raise WindowingError("window functions are not allowed in GROUP BY")
         while isinstance(node, exp.Paren):
             node = node.this
         if not isinstance(node, exp.Column):
@@ -811,6 +814,9 @@ def _resolve_outputs(select: exp.Select, keys: tuple[GroupKey, ...],
     if select.args.get("having") is not None:
         having = _key_expressions(substitute_aliases(select.args["having"].this,
                                                      keys_first=True), keys, resolve)
+        if having.find(WindowRef) is not None:  # an alias naming a window
+            raise WindowingError("window functions are not allowed in HAVING",
+                                 hint="filter on the aggregates themselves")
         check_output_expression(having, check_key)
 
     order: list[OrderItem] = []

@@ -10,6 +10,9 @@ parsed tree by literal nodes.
 >>> parse_statements("SELECT COUNT(*) FROM t WHERE a > %s", [40])[0].ast.sql("postgres")
 'SELECT COUNT(*) FROM t WHERE a > 40'
 
+Time functions (NOW(), CURRENT_DATE…) are bound the same way, to the statement's clock,
+and constant date arithmetic is evaluated with them (`dpproxy.clock`).
+
 A string is parsed once: its statements, with their placeholders still in the tree,
 are kept (by exact text) and bound afresh for every execution, so a prepared or
 parameterized query pays sqlglot's parser only the first time. Binding, with all its
@@ -33,6 +36,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Token, TokenType
 
+from .clock import check_interval_literals, fold, folds, now, reads_clock
 from .errors import (
     InvalidParameterValue,
     NotSupportedError,
@@ -73,6 +77,11 @@ class Statement:
     # parameters bound into `ast`; the same template and parameters give the same `ast`.
     template: exp.Expression | None = None
     params: Parameters = None
+    # select and explain: whether binding evaluates time functions or constant date
+    # arithmetic (`dpproxy.clock`), and the clock they read (UTC) when the query calls one:
+    # part of the query, as its parameters are
+    folds: bool = False
+    clock: dt.datetime | None = None
 
     @property
     def is_session_statement(self) -> bool:
@@ -167,20 +176,34 @@ def parse_statements(sql: str, params: Parameters = None, *, bind: bool = True
                 _parsed[sql] = unbound
                 if len(_parsed) > PARSE_CACHE_SIZE:
                     _parsed.popitem(last=False)
-    # Each statement with a query binds the parameters in turn, as they were parsed.
-    return [s if s.ast is None
-            else replace(s, ast=None, template=s.ast, params=params)
-            if not bind and s.kind == "select"
-            else replace(s, ast=bind_parameters(s.ast, params, copy=True), template=s.ast,
-                         params=params) for s in unbound]
+    # Each statement with a query binds the parameters in turn, as they were parsed; one
+    # clock for the string, as PostgreSQL's now() is one per transaction
+    clock = now() if any(s.folds and reads_clock(s.ast) for s in unbound
+                         if s.ast is not None) else None
+    out: list[Statement] = []
+    for s in unbound:
+        if s.ast is None:
+            out.append(s)
+            continue
+        s = replace(s, ast=None, template=s.ast, params=params,
+                    clock=clock if s.folds and reads_clock(s.ast) else None)
+        out.append(s if not bind and s.kind == "select" else replace(s, ast=bind_statement(s)))
+    return out
 
 
 def bound(statement: Statement) -> Statement:
     """A statement from `parse_statements(..., bind=False)` with its parameters bound."""
     if statement.ast is not None or statement.template is None:
         return statement
-    return replace(statement, ast=bind_parameters(statement.template, statement.params,
-                                                  copy=True))
+    return replace(statement, ast=bind_statement(statement))
+
+
+def bind_statement(statement: Statement) -> exp.Expression:
+    """A fresh copy of the statement's tree with its parameters bound, and its clock and
+    constant date arithmetic folded in (`dpproxy.clock`)."""
+    assert statement.template is not None
+    tree = bind_parameters(statement.template, statement.params, copy=True)
+    return fold(tree, statement.clock) if statement.folds else tree
 
 
 def placeholder_count(template: exp.Expression) -> int:
@@ -247,11 +270,20 @@ def _classify(text: str, tokens: list[Token]) -> Statement:
             if exc.position is not None:  # relative to the statement, not the inner query
                 exc.position += len(text) - len(inner)
             raise
-        return Statement("explain", text, ast=ast, tag="EXPLAIN")
+        return Statement("explain", text, ast=ast, tag="EXPLAIN",
+                         folds=_folds(ast, inner_tokens))
     ast = _parse_query(text)
     if _is_advisory_unlock(ast):
         return Statement("noop", text, ast=ast, tag="SELECT 1")
-    return Statement("select", text, ast=ast, tag="SELECT")
+    return Statement("select", text, ast=ast, tag="SELECT", folds=_folds(ast, tokens))
+
+
+def _folds(ast: exp.Expression, tokens: list[Token]) -> bool:
+    """`clock.folds`, once the query's INTERVAL strings are known to be read whole."""
+    if not folds(ast):
+        return False
+    check_interval_literals(tokens)
+    return True
 
 
 def _noop_tag(first: str, second: str) -> str:

@@ -39,7 +39,7 @@ from .backends import Backend, open_backend
 from .parse import (
     Parameters,
     Statement,
-    bind_parameters,
+    bind_statement,
     bound,
     parse_statements,
     placeholder_count,
@@ -130,7 +130,10 @@ def _memo_key(statement: Statement) -> tuple[str, str]:
     last = getattr(_last_memo, "key", None)  # a statement is looked up several times in turn
     if last is not None and last[0] is statement:
         return last[1]  # type: ignore[no-any-return]
-    key = (statement.text, json.dumps(_typed_parameters(statement.params)))
+    params = json.dumps(_typed_parameters(statement.params))
+    # a query reading the clock is a new query at every execution (until bound and folded)
+    key = (statement.text, params if statement.clock is None
+           else f"{params} at {statement.clock.isoformat()}")
     _last_memo.key = (statement, key)
     return key
 
@@ -537,8 +540,7 @@ class Session:
         values = tuple(parameter_value(v) for v in shape.values)
         if rebind:
             assert statement.template is not None
-            statement = replace(statement, ast=bind_parameters(
-                statement.template, statement.params, copy=True))
+            statement = replace(statement, ast=bind_statement(statement))
             ast = statement.ast
             assert isinstance(ast, exp.Select)
             shape = lift(ast)
@@ -588,7 +590,8 @@ class Session:
         all land in the slots of `shape` (a text without parameters: always), so that
         later executions with parameters of the same kind need no binding or printing."""
         params = statement.params or ()
-        if statement.template is None or isinstance(params, Mapping):
+        if statement.template is None or isinstance(params, Mapping) \
+                or statement.clock is not None:
             return
         known = self.engine.templates(statement.text)
         if len(known) >= TEMPLATES_PER_TEXT \
@@ -606,7 +609,8 @@ class Session:
         give (`TemplateShape.shape_for`), so this is `_shaped_plan`'s hit, without the
         tree."""
         params = statement.params or ()
-        if self.analyst.budget is None or isinstance(params, Mapping):
+        if self.analyst.budget is None or isinstance(params, Mapping) \
+                or statement.clock is not None:  # its shape's literals come from the clock
             return None
         for template in self.engine.templates(statement.text):
             shape = template.shape_for(params)

@@ -97,6 +97,8 @@ def output_name(item: exp.Expression) -> str:
         return item.name.lower()
     if isinstance(item, exp.DateTrunc | exp.TimestampTrunc):
         return "date_trunc"  # sqlglot's node names differ from the SQL function's
+    if isinstance(item, exp.TimeToStr):
+        return "to_char"
     if isinstance(item, exp.Trim):  # PostgreSQL runs TRIM as btrim, ltrim or rtrim
         position = str(item.args.get("position") or "").upper()
         return {"LEADING": "ltrim", "TRAILING": "rtrim"}.get(position, "btrim")

@@ -49,7 +49,7 @@ from functools import cached_property
 
 from sqlglot import exp
 
-from .analyze import Analysis, GroupKey
+from .analyze import Analysis, GroupKey, to_char
 from .analyze.aggregates import Statistic
 from .analyze.expressions import make_resolver, type_row_expression
 from .bounds import BoundCheck, Unbounded, bound_check
@@ -201,6 +201,8 @@ def _total_node(node: exp.Expression, table: TablePolicy, integer_valued: bool
         return exp.cast(node, _DOUBLE)
     if isinstance(node, exp.Round) and node.args.get("decimals") is not None:
         return _round_to_digits(node.this, int(float(node.args["decimals"].this)))
+    if isinstance(node, exp.TimeToStr):  # the same text PostgreSQL's TO_CHAR writes
+        return to_char.duckdb_expression(node.this, to_char.parse_format(to_char.format_of(node)))
     if isinstance(node, exp.DateTrunc | exp.TimestampTrunc):
         # DATE_TRUNC computes in TIMESTAMP, whose range is narrower than DATE's
         unit = node.args.get("unit")

@@ -43,6 +43,7 @@ from decimal import Decimal, InvalidOperation
 
 from sqlglot import exp
 
+from .analyze import to_char
 from .analyze.expressions import ExprType, make_resolver, type_row_expression
 from .errors import NotSupportedError
 from .policy import ColumnPolicy, TablePolicy
@@ -168,6 +169,9 @@ def _total_node(old: exp.Expression, new: exp.Expression, table: TablePolicy, ty
     if isinstance(new, exp.Extract):
         source = _timestamp(new.expression, typed(old.expression).kind)
         return _numeric(exp.Extract(this=new.this, expression=source))
+    if isinstance(new, exp.TimeToStr):  # NULL outside the years DuckDB formats alike
+        new.set("this", exp.cast(new.this, exp.DataType.build("TIMESTAMP")))
+        return to_char.in_range(new.this.this, new)
     if isinstance(new, exp.DateTrunc | exp.TimestampTrunc):
         unit = new.args.get("unit")
         first = _FIRST_TRUNCATABLE_DATES.get(unit.name.lower() if unit is not None else "",

@@ -37,6 +37,7 @@ from ..errors import (
     UndefinedColumn,
 )
 from ..policy import ColumnPolicy
+from . import to_char
 
 Kind = Literal["num", "text", "date", "bool", "null", "unknown"]
 INF = math.inf
@@ -76,7 +77,7 @@ DATE_TRUNC_UNITS = ("microseconds", "milliseconds", "second", "minute", "hour", 
 _ROW_FUNCTIONS_HELP = (
     "+ - * / %, ABS, ROUND, FLOOR, CEIL, LEAST, GREATEST, CASE, COALESCE, NULLIF, CAST, "
     "comparisons, AND/OR/NOT, IN (list), BETWEEN, LIKE/ILIKE, IS NULL, LOWER, UPPER, LENGTH, "
-    "TRIM, SUBSTRING, ||, EXTRACT, DATE_TRUNC"
+    "TRIM, SUBSTRING, ||, EXTRACT, DATE_TRUNC, TO_CHAR(date, format)"
 )
 
 
@@ -555,6 +556,17 @@ class _RowTyper:
 
     def _TimestampTrunc(self, node: exp.TimestampTrunc) -> ExprType:
         return self._date_trunc(node.args.get("unit"), node.this)
+
+    def _TimeToStr(self, node: exp.TimeToStr) -> ExprType:
+        """TO_CHAR(date, 'format'): text, NULL outside the years `to_char` reads."""
+        source = self.visit(node.this)
+        if source.kind not in ("date", "unknown", "null"):
+            raise DatatypeMismatch(f"TO_CHAR needs a date here, got {source.kind}",
+                                   hint="format numbers with CAST(… AS TEXT)")
+        if not isinstance(node.args.get("format"), exp.Literal):
+            raise NotSupportedError("TO_CHAR takes a constant format such as 'YYYY-MM'")
+        to_char.parse_format(to_char.format_of(node))
+        return ExprType("text", nullable=True)
 
 
 # -- literal coercion ----------------------------------------------------------------------------

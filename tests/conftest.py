@@ -14,6 +14,7 @@ from dpproxy.backends import Backend, open_backend
 from dpproxy.demo import DEFAULT_SEED, build_demo
 from dpproxy.policy import Policy
 from dpproxy.session import Engine, Session
+from tests.test_server_support import ServeFactory, serving
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_POLICY = ROOT / "policies" / "demo.toml"
@@ -60,9 +61,24 @@ def pg_demo_dsn(pg_dsn: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def backend_kind() -> str:
-    """The backend `make_policy` points at; a module overrides it to run on both."""
-    return "duckdb"
+def backend_kind(request: pytest.FixtureRequest) -> str:
+    """The backend `make_policy` points at: DuckDB, or each of a module's `BACKENDS`
+    (`pytest_generate_tests`)."""
+    return str(getattr(request, "param", "duckdb"))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A module declaring BACKENDS = ("duckdb", "postgres") runs each test that builds
+    on `backend_kind` once per backend (unless the test parametrizes it itself)."""
+    backends = getattr(metafunc.module, "BACKENDS", None)
+    if not backends or "backend_kind" not in metafunc.fixturenames:
+        return
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0]
+        if "backend_kind" in (names.replace(" ", "").split(",") if isinstance(names, str)
+                              else names):
+            return  # the test names its own backends
+    metafunc.parametrize("backend_kind", backends, indirect=True)
 
 
 PolicyFactory = Callable[..., Path]
@@ -114,3 +130,9 @@ def engine(demo_policy: Path) -> Iterator[Engine]:
 @pytest.fixture
 def alice(engine: Engine) -> Session:
     return engine.session("alice")
+
+
+@pytest.fixture
+def serve(make_policy: PolicyFactory) -> Iterator[ServeFactory]:
+    """Wire servers on fresh copies of the demo policy (`serving`), stopped at teardown."""
+    yield from serving(make_policy)

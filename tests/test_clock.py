@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -18,7 +16,10 @@ from dpproxy.clock import _constant, fold
 from dpproxy.errors import NotSupportedError
 from dpproxy.session import Engine
 
-from .test_server_support import ServeFactory, serving
+from .test_server_support import ServeFactory
+
+# the engine-backed tests run on both backends, loaded with the same demo rows
+BACKENDS = ("duckdb", "postgres")
 
 CLOCKS = [
     dt.datetime(2026, 11, 24, 20, 55, 1, 123456),
@@ -170,16 +171,6 @@ def test_now_to_the_microsecond_is_a_new_query_each_time(
         alice.execute("SELECT COUNT(*) FROM visits WHERE day >= CAST(NOW() - "
                       "INTERVAL '30 days' AS date)")
     assert math.isclose(engine.ledger.status("analyst:alice").spent.epsilon, 3.0)
-
-
-@pytest.fixture
-def serve(make_policy: Callable[..., Path]) -> Iterator[ServeFactory]:
-    yield from serving(make_policy)
-
-
-@pytest.fixture(params=["duckdb", "postgres"])
-def backend_kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 def test_dashboard_filters_over_the_wire(serve: ServeFactory) -> None:

@@ -31,6 +31,10 @@ from dpproxy.rewrite import rewrite
 from dpproxy.session import Engine
 from tests.exact import as_released
 
+# the engine-backed tests run on both backends, loaded with the same demo rows
+BACKENDS = ("duckdb", "postgres")
+
+
 EPS = 1000.0
 # The demo policy, with a budget that never runs out and public ranges on age and day
 RANGES = {
@@ -43,11 +47,6 @@ RANGES = {
         'public_range = { first = "2024-01-01", last = "2024-12-31" } }',
 }
 MONTHS = tuple(dt.date(2024, m, 1).isoformat() for m in range(1, 13))
-
-
-@pytest.fixture(params=["duckdb", "postgres"])
-def backend_kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 @pytest.fixture

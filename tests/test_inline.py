@@ -6,7 +6,6 @@ same backend statement and cost); every other subquery is still refused."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,10 @@ from dpproxy.plan import QueryOptions, plan_query
 from dpproxy.rewrite import rewrite
 from dpproxy.session import Engine
 
-from .test_server_support import ServeFactory, serving
+from .test_server_support import ServeFactory
+
+# the engine-backed tests run on both backends, loaded with the same demo rows
+BACKENDS = ("duckdb", "postgres")
 
 # (what a tool or an analyst sends, the same query written flat)
 PAIRS = [
@@ -104,12 +106,6 @@ PAIRS = [
         "SELECT VAR_POP(CASE WHEN sex = 'Male' THEN age END) AS var_pop FROM adult",
         id="variance-filter"),
 ]
-
-
-@pytest.fixture(params=["duckdb", "postgres"])
-def backend_kind(request: pytest.FixtureRequest) -> str:
-    """The engine-backed tests here run on both backends, on the same demo rows."""
-    return str(request.param)
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str | sqlglot.exp.Expression
@@ -235,11 +231,6 @@ def test_what_is_not_a_selection_of_rows_is_refused(engine: Engine, sql: str,
     assert says in str(raised.value)
     if isinstance(raised.value, errors.NotSupportedError) and "FILTER" not in sql:
         assert raised.value.hint  # says what to write instead
-
-
-@pytest.fixture
-def serve(make_policy: Callable[..., Path]) -> Iterator[ServeFactory]:
-    yield from serving(make_policy)
 
 
 def test_bi_tool_queries_over_the_wire(serve: ServeFactory) -> None:

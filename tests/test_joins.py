@@ -40,6 +40,10 @@ from dpproxy.rewrite import ROW_ID, rewrite
 from dpproxy.session import Engine, Session
 from tests.exact import exact_rows, plan_for
 
+# the engine-backed tests run on both backends, loaded with the same demo rows
+BACKENDS = ("duckdb", "postgres")
+
+
 ANALYST = "ana"  # the analyst of this file's policy
 
 EPS = 1_000_000.0
@@ -176,11 +180,6 @@ def joins_pg_dsn(pg_dsn: str) -> Iterator[str]:
         with psycopg.connect(dsn, autocommit=True) as con:
             load(con.execute)
         yield dsn
-
-
-@pytest.fixture(params=["duckdb", "postgres"])
-def backend_kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 @pytest.fixture

@@ -30,6 +30,10 @@ from dpproxy import errors
 from dpproxy.accountant import Cost
 from dpproxy.session import Engine, Result, Session
 
+# the engine-backed tests run on both backends, loaded with the same demo rows
+BACKENDS = ("duckdb", "postgres")
+
+
 EPS = 1000.0
 BIG_BUDGET = {"budget = { epsilon = 10.0, delta = 1e-5 }":
               "budget = { epsilon = 1e9, delta = 0.5 }"}
@@ -38,13 +42,6 @@ NO_VISITS = {'tables = ["adult", "visits", "occupation_groups"]':
 
 
 # -- fixtures -------------------------------------------------------------------------------------
-
-@pytest.fixture(params=["duckdb", "postgres"])
-def backend_kind(request: pytest.FixtureRequest) -> str:
-    """Every test here that builds an engine runs on both backends, loaded with the same
-    demo rows: the exact answers below (computed with DuckDB) hold for both."""
-    return str(request.param)
-
 
 @pytest.fixture(scope="module")
 def exact_db(demo_database: Path, tmp_path_factory: pytest.TempPathFactory

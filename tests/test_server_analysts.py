@@ -11,8 +11,6 @@ import os
 import shutil
 import subprocess
 import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -29,16 +27,10 @@ from .test_server_support import (
     Served,
     ServeFactory,
     admin_policy_snippet,
-    serving,
 )
 
 ACCEPTED = "SELECT occupation, COUNT(*) AS n FROM adult GROUP BY occupation"
 ADD_BOB = "CALL dpproxy.add_analyst('bob', ARRAY['adult'], 2.0, 1e-6)"
-
-
-@pytest.fixture
-def serve(make_policy: Callable[..., Path]) -> Iterator[ServeFactory]:
-    yield from serving(make_policy)
 
 
 def _admin(served: Served) -> psycopg.Connection:

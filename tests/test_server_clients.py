@@ -8,12 +8,11 @@ import asyncio
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from .test_server_support import PASSWORD, Served, ServeFactory, serving
+from .test_server_support import PASSWORD, Served, ServeFactory
 
 GRANTED = {"adult", "visits", "occupation_groups"}
 ACCEPTED = "SELECT occupation, COUNT(*) AS n FROM adult GROUP BY occupation ORDER BY occupation"
@@ -27,11 +26,6 @@ def _psql(served: Served, *args: str, password: str = PASSWORD) -> subprocess.Co
     conninfo = f"host=127.0.0.1 port={served.port} user=alice dbname=demo"
     return subprocess.run(["psql", "-X", "-v", "ON_ERROR_STOP=1", conninfo, *args], env=env,
                           capture_output=True, text=True, timeout=60)
-
-
-@pytest.fixture
-def serve(make_policy: Callable[..., Path]) -> Iterator[ServeFactory]:
-    yield from serving(make_policy)
 
 
 needs_psql = pytest.mark.skipif(shutil.which("psql") is None, reason="psql is not installed")

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -21,16 +20,11 @@ from dpproxy.server import cursors
 from dpproxy.session import Engine
 
 from .test_server_clients import _psql, needs_psql
-from .test_server_support import Served, ServeFactory, serving
+from .test_server_support import Served, ServeFactory
 
 QUERY = "SELECT occupation, COUNT(*) AS n FROM adult GROUP BY occupation"
 OCCUPATIONS = 14
 COST = 0.1  # the demo policy's default ε per query
-
-
-@pytest.fixture
-def serve(make_policy: Callable[..., Path]) -> Iterator[ServeFactory]:
-    yield from serving(make_policy)
 
 
 def _plain(served: Served, sql: str = QUERY) -> list[tuple[Any, ...]]:

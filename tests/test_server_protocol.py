@@ -37,17 +37,11 @@ from .test_server_support import (
     first_error,
     raw_clients,
     rows_in,
-    serving,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCEPTED = "SELECT occupation, COUNT(*) AS n FROM adult GROUP BY occupation"
 Raw = tuple[Served, Callable[..., RawClient]]
-
-
-@pytest.fixture
-def serve(make_policy: Callable[..., Path]) -> Iterator[ServeFactory]:
-    yield from serving(make_policy)
 
 
 @pytest.fixture

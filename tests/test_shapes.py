@@ -22,6 +22,10 @@ from dpproxy.parse import parse_statements
 from dpproxy.plan import QueryPlan
 from dpproxy.session import Engine, Session
 
+# the engine-backed tests run on both backends, loaded with the same demo rows
+BACKENDS = ("duckdb", "postgres")
+
+
 # (SQL, parameter lists): each list gives the same shape a new value
 SHAPED = [
     ("SELECT COUNT(*) FROM adult WHERE capital_gain > %s", [[0], [5000], [99999], [0]]),
@@ -36,11 +40,6 @@ SHAPED = [
     ("SELECT education, VAR_POP(age) FROM adult WHERE capital_gain > %s GROUP BY education",
      [[-100], [-3]]),
 ]
-
-
-@pytest.fixture(params=["duckdb", "postgres"])
-def backend_kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 def _exact(engine: Engine, plan: QueryPlan, values: tuple[object, ...] = (),

@@ -19,6 +19,10 @@ from dpproxy.policy import ColumnPolicy, PublicRange, TablePolicy
 from dpproxy.rewrite import make_total
 from dpproxy.session import Engine
 
+# the engine-backed tests run on both backends, loaded with the same demo rows
+BACKENDS = ("duckdb", "postgres")
+
+
 FORMATS = [
     "YYYY-MM", "YYYY-MM-DD", "Mon YYYY", "MON-YY", "mon yy", "Month YYYY", "FMMonth YYYY",
     "MONTH", "month", "FMmonth", "Day", "FMDay", "DAY", "day", "Dy", "DY", "dy",
@@ -94,11 +98,6 @@ def test_formats_not_read_are_refused(fmt: str) -> None:
     with pytest.raises(errors.NotSupportedError) as raised:
         parse_format(fmt)
     assert "supported" in (raised.value.hint or "")
-
-
-@pytest.fixture(params=["duckdb", "postgres"])
-def backend_kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 def test_to_char_keys_on_both_backends(engine: Engine) -> None:

@@ -46,11 +46,8 @@ from tests.test_queries import (
     exact_db,  # noqa: F401  (a fixture, used by name)
 )
 
-
-@pytest.fixture(params=["duckdb", "postgres"])
-def backend_kind(request: pytest.FixtureRequest) -> str:
-    """Table-driven cases run on both backends, loaded with the same demo rows."""
-    return str(request.param)
+# the engine-backed tests run on both backends, loaded with the same demo rows
+BACKENDS = ("duckdb", "postgres")
 
 
 @pytest.fixture

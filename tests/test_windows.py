@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Iterator
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -20,7 +18,10 @@ from dpproxy.postprocess import Value, evaluate
 from dpproxy.session import Engine
 from dpproxy.windows import compute, describe, extract
 
-from .test_server_support import ServeFactory, serving
+from .test_server_support import ServeFactory
+
+# the engine-backed tests run on both backends, loaded with the same demo rows
+BACKENDS = ("duckdb", "postgres")
 
 # Window expressions over a table r(id, g, a, b): id unique, g a partition text, a an
 # integer and b a float, with NULLs and ties. Where a function's value depends on the
@@ -139,16 +140,6 @@ def test_an_injected_frame_bug_is_caught(pg_dsn: str, monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(windows, "_frame_of", rows_only)
     assert _compare_with_postgresql(pg_dsn, tables=5)[1] > 0
-
-
-@pytest.fixture
-def serve(make_policy: Callable[..., Path]) -> Iterator[ServeFactory]:
-    yield from serving(make_policy)
-
-
-@pytest.fixture(params=["duckdb", "postgres"])
-def backend_kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 SHARE = ("SELECT occupation, COUNT(*) AS c, SUM(COUNT(*)) OVER () AS total, "

@@ -142,9 +142,15 @@ def _arithmetic(node: exp.Add | exp.Sub) -> exp.Expression:
     """date/timestamp ± interval (a timestamp), interval + date/timestamp, date ± days."""
     left, right = _constant(node.this), _constant(node.expression)
     if isinstance(node, exp.Add) and isinstance(left, tuple) \
-            and isinstance(right, dt.date):
+            and not isinstance(right, tuple):
         left, right = right, left
+        node = exp.Add(this=node.expression, expression=node.this)
     if not isinstance(left, dt.date):
+        if isinstance(right, tuple) and right[0] == right[2] == 0 and left is None:
+            # a row expression ± whole days: the analyzer reads it as date ± n (the same
+            # day as PostgreSQL's date + interval, a midnight timestamp), and refuses it
+            # on anything but a date
+            node.set("expression", whole_days(right[1]))
         return node
     sign = -1 if isinstance(node, exp.Sub) else 1
     try:
@@ -158,6 +164,17 @@ def _arithmetic(node: exp.Add | exp.Sub) -> exp.Expression:
     except (OverflowError, ValueError):  # beyond the years Python holds: left as written
         return node
     return node
+
+
+DAYS = "dpproxy_interval_days"  # meta of a literal that was an INTERVAL of whole days
+
+
+def whole_days(n: int) -> exp.Expression:
+    """n days as the literal date ± n takes (negated where negative), marked as an
+    interval's."""
+    literal = exp.Literal.number(abs(n))
+    literal.meta[DAYS] = True
+    return exp.Neg(this=literal) if n < 0 else literal
 
 
 def _constant(node: exp.Expression) -> dt.datetime | dt.date | tuple[int, int, int] | int | None:

@@ -58,6 +58,7 @@ from .policy import ColumnPolicy, TablePolicy
 from .quantiles import binning_for
 from .rewrite_postgres import (
     NATIVE_NUMBER_TYPES,
+    as_date,
     clamp_source_postgres,
     clamps_in_double,
     clamps_in_integer,
@@ -287,13 +288,19 @@ def _date_arithmetic(node: exp.Add | exp.Sub, table: TablePolicy) -> exp.Express
     """date ± n NULL where the date is near an end of DuckDB's range (the shift would
     overflow there); date − date (a BIGINT) as DOUBLE, so later arithmetic cannot overflow."""
     dates = [arg for arg in ("this", "expression") if _is_date(node.args[arg], table)]
+    for arg in dates:  # a DATE_TRUNC is a TIMESTAMP: TIMESTAMP ± n and − DATE do not exist
+        node.set(arg, as_date(node.args[arg]))
     if len(dates) == 2:
         return exp.cast(node, _DOUBLE)
     if not dates:
         return _in_double(node)
     for arg in dates:
         node.set(arg, _date_within(node.args[arg], _FIRST_SHIFTABLE_DATE, _LAST_SHIFTABLE_DATE))
+    # the days: a constant the analyzer took (`-1` would be -CAST(1 AS DOUBLE) by now)
+    days = "expression" if dates == ["this"] else "this"
+    node.set(days, exp.cast(node.args[days], _INT.copy()))
     return node
+
 
 
 def _in_double(node: exp.Expression) -> exp.Expression:

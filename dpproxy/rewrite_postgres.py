@@ -231,13 +231,32 @@ def _is_date_arithmetic(node: exp.Expression | None, typed: Typer) -> bool:
         typed(node.this).kind, typed(node.expression).kind)
 
 
+def as_date(node: exp.Expression) -> exp.Expression:
+    """A date-valued row expression as a DATE: as it is where it is one already (a date
+    column, a cast to DATE, date arithmetic), else cast (a midnight TIMESTAMP from
+    DATE_TRUNC or a timestamp literal: the same day)."""
+    inner = node
+    while isinstance(inner, exp.Paren):
+        inner = inner.this
+    if isinstance(inner, exp.Column | exp.Add | exp.Sub | exp.Case) \
+            or (isinstance(inner, exp.Cast | exp.TryCast)
+                and inner.to.is_type(exp.DataType.Type.DATE)):
+        return node
+    return exp.cast(node, "DATE")
+
+
 def _date_arithmetic(old: exp.Expression, new: exp.Expression, typed: Typer
                      ) -> exp.Expression:
+    for arg in ("this", "expression"):  # a DATE_TRUNC is a TIMESTAMP: no TIMESTAMP ± n
+        if typed(old.args[arg]).kind == "date":
+            new.set(arg, as_date(new.args[arg]))
     if typed(old.this).kind == "date" and typed(old.expression).kind == "date":
         finite = exp.and_(exp.func("ISFINITE", new.this.copy()),
                           exp.func("ISFINITE", new.expression.copy()))
         return _case(finite, _numeric(new))  # an infinite date: NULL, not an error
     date = new.this if typed(old.this).kind == "date" else new.expression
+    days = "expression" if date is new.this else "this"  # a constant (NUMERIC by now)
+    new.set(days, exp.cast(new.args[days], _INT.copy()))
     shiftable = exp.or_(
         exp.not_(exp.func("ISFINITE", date.copy())),
         exp.Between(this=date.copy(),

@@ -103,11 +103,13 @@ def test_an_injected_month_bug_is_caught() -> None:
 
 
 @pytest.mark.parametrize("expression", [
-    "day + INTERVAL '1 day'",  # over a column: the analyzer's to judge
+    "day + INTERVAL '1 month'",  # over a column, and not whole days: refused later
     "NOW() + INTERVAL '1 fortnight'",
     "NOW() + INTERVAL '1.5 days'",
 ])
 def test_what_is_not_folded_is_left_as_written(expression: str) -> None:
+    """(An INTERVAL of whole days added to a row expression becomes its days:
+    tests/test_date_arithmetic.py.)"""
     tree = sqlglot.parse_one(f"SELECT {expression} FROM t", read="postgres")
     folded = fold(tree.copy(), CLOCKS[0]).expressions[0]
     assert folded.find(sqlglot.exp.Interval) is not None

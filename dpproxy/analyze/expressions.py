@@ -27,6 +27,7 @@ from typing import Literal
 
 from sqlglot import exp
 
+from ..clock import DAYS
 from ..errors import (
     DatatypeMismatch,
     GroupingError,
@@ -223,6 +224,10 @@ class _RowTyper:
 
     # arithmetic ----------------------------------------------------------------------------
     def _numeric(self, node: exp.Expression, what: str) -> ExprType:
+        inner = node.this if isinstance(node, exp.Neg) else node
+        if isinstance(inner, exp.Literal) and inner.meta.get(DAYS):
+            raise DatatypeMismatch(f"{what} of an INTERVAL needs a date",
+                                   hint="add days to a date: day + INTERVAL '7 days'")
         t = self.visit(node)
         if t.kind == "null":
             return ExprType("num")
@@ -233,7 +238,9 @@ class _RowTyper:
         return t
 
     def _Neg(self, node: exp.Neg) -> ExprType:
-        t = self._numeric(node.this, "minus")
+        # a negative interval of days is Neg(days): judged by the + or - it stands in
+        t = self.visit(node.this) if node.this.meta.get(DAYS) else self._numeric(node.this,
+                                                                               "minus")
         return replace(t, lower=-t.upper, upper=-t.lower)
 
     def _date_offset(self, offset: exp.Expression) -> None:

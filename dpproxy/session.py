@@ -14,8 +14,9 @@ import math
 import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -213,6 +214,8 @@ class Engine:
         self._stamp = _stamp(policy.path)
         self._refresh_lock = threading.Lock()
         self._rewrites: OrderedDict[tuple[str, bool], Rewritten] = OrderedDict()
+        # backend statements the backend has planned once (`check_plans`)
+        self._planned: weakref.WeakSet[Rewritten] = weakref.WeakSet()
         # (statement text, typed parameters) → the normalized bound query
         self._normalized: OrderedDict[tuple[str, str], str] = OrderedDict()
         # (statement text, typed parameters) → output names, for texts analysed and accepted
@@ -309,6 +312,22 @@ class Engine:
             if len(self._rewrites) > REWRITE_CACHE_SIZE:
                 self._rewrites.popitem(last=False)
         return fresh
+
+    def check_plans(self, rewritten: Rewritten, values: Sequence[object] = ()) -> None:
+        """Have the backend plan a backend statement without running it, the first time it
+        is to run: one it cannot plan is refused before the charge (BackendError), not
+        failed after it. The form without bounding is planned where there is one: it holds
+        the same row expressions (what a rewrite can get wrong for a backend) and plans in
+        a fraction of the bounded one's time."""
+        with self._lock:
+            if rewritten in self._planned:
+                return
+        bounded = rewritten.parameters(values)
+        unbounded = rewritten.unbounded if self.policy.privacy.verify_bounds else None
+        self.backend.check_plans([(unbounded.sql, unbounded.parameters(bounded))]
+                                 if unbounded is not None else [(rewritten.sql, bounded)])
+        with self._lock:
+            self._planned.add(rewritten)
 
     @classmethod
     def from_path(cls, path: str | Path) -> Engine:
@@ -688,6 +707,7 @@ class Session:
                             ) -> Result:
         analysis = plan.analysis
         rewritten, values = shaped if shaped is not None else (self.engine.rewritten(plan), ())
+        self.engine.check_plans(rewritten, values)
         # Charge first, durably, claiming the cache key in the same transaction: a failure
         # after this point may depend on the data, so it is paid for like a release.
         charge = self.engine.ledger.charge(self._accounts(analysis), plan.loss,

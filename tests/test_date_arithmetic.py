@@ -121,3 +121,26 @@ def test_an_interval_added_to_a_number_is_refused(engine: Engine, sql: str) -> N
     with pytest.raises(errors.DatatypeMismatch):
         engine.session("alice", epsilon=1.0).execute(sql)
     assert engine.ledger.status("analyst:alice").spent.epsilon == 0
+
+
+def test_a_statement_the_backend_cannot_plan_is_refused_uncharged(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rewrite fault (here: DATE_TRUNC's TIMESTAMP left as it is, which is how these
+    queries failed) is found by planning the statement before the charge: BackendError,
+    nothing charged; planned statements are not planned again."""
+    import dpproxy.rewrite
+    import dpproxy.rewrite_postgres
+
+    for module in (dpproxy.rewrite, dpproxy.rewrite_postgres):
+        monkeypatch.setattr(module, "as_date", lambda node: node)
+    alice = engine.session("alice", epsilon=1.0)
+    with pytest.raises(errors.BackendError) as raised:
+        alice.execute(QUERIES[1])
+    assert "nothing was charged" in raised.value.message
+    assert engine.ledger.status("analyst:alice").spent.epsilon == 0
+    monkeypatch.undo()
+    assert alice.execute("SELECT COUNT(*) FROM visits").rows
+    planned = len(engine._planned)
+    alice.execute("SELECT COUNT(*) FROM adult WHERE age > 30")
+    alice.execute("SELECT COUNT(*) FROM adult WHERE age > 31")  # its shape: planned already
+    assert len(engine._planned) == planned + 1

@@ -528,8 +528,31 @@ def test_sessions_take_work_mem_from_the_policy(scratch: str, tmp_path: Path,
 
 def test_a_failure_after_the_charge_is_audited_once_with_its_charge(
         scratch: str, tmp_path: Path) -> None:
-    """The table is dropped after the engine opened: the query is charged, then fails in
-    the backend, and the audit log holds one record of it, with its cost and charge."""
+    """The table is dropped after its query ran once (and the backend planned it): run
+    again at another ε, the query is charged, then fails in the backend, and the audit log
+    holds one record of that, with its cost and charge."""
+    policy = tmp_path / "p.toml"
+    policy.write_text(f'[backend]\nkind = "postgres"\ndsn = "{scratch}"\n'
+                      '[tables.secret]\n[tables.secret.columns]\nn = { type = "int" }\n'
+                      '[analysts.a]\nbudget = { epsilon = 1.0 }\ntables = ["secret"]\n')
+    with Engine.from_path(policy) as engine:
+        session = engine.session("a", epsilon=0.25)
+        session.execute("SELECT COUNT(*) FROM secret")
+        with psycopg.connect(scratch, autocommit=True) as con:
+            con.execute("DROP TABLE secret")
+        session.set_option("epsilon", 0.5)
+        with pytest.raises(errors.BackendError):
+            session.execute("SELECT COUNT(*) FROM secret")
+        assert engine.audit.path is not None
+        records = [json.loads(line) for line in engine.audit.path.read_text().splitlines()]
+    assert [(r["outcome"], r["charge_id"] is not None) for r in records] \
+        == [("released", True), ("failed", True)]
+    assert records[1]["epsilon"] == 0.5
+
+
+def test_a_table_gone_before_its_first_query_is_refused_uncharged(
+        scratch: str, tmp_path: Path) -> None:
+    """Dropped before any query: planning the statement before the charge finds it."""
     policy = tmp_path / "p.toml"
     policy.write_text(f'[backend]\nkind = "postgres"\ndsn = "{scratch}"\n'
                       '[tables.secret]\n[tables.secret.columns]\nn = { type = "int" }\n'
@@ -537,12 +560,10 @@ def test_a_failure_after_the_charge_is_audited_once_with_its_charge(
     with Engine.from_path(policy) as engine:
         with psycopg.connect(scratch, autocommit=True) as con:
             con.execute("DROP TABLE secret")
-        with pytest.raises(errors.BackendError):
+        with pytest.raises(errors.BackendError) as raised:
             engine.session("a").execute("SELECT COUNT(*) FROM secret")
-        assert engine.audit.path is not None
-        records = [json.loads(line) for line in engine.audit.path.read_text().splitlines()]
-    assert [(r["outcome"], r["charge_id"] is not None) for r in records] == [("failed", True)]
-    assert records[0]["epsilon"] > 0
+        assert "nothing was charged" in raised.value.message
+        assert engine.ledger.status("analyst:a").spent.epsilon == 0
 
 
 @pytest.mark.parametrize("sql", [

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from ..bounds import Unbounded
+from ..errors import BackendError
 from ..policy import Policy
 
 
@@ -25,6 +26,11 @@ class Backend(Protocol):
         removes nothing (`dpproxy.bounds`)."""
         ...
 
+    def check_plans(self, statements: Sequence[tuple[str, Sequence[object]]]) -> None:
+        """Plan each (statement, parameters) without running it; raise BackendError where
+        the backend cannot: a fault of the rewrite, found before the query is charged."""
+        ...
+
     def data_version(self) -> str:
         """Changes whenever the data may have changed: cached answers belong to one version."""
         ...
@@ -35,6 +41,14 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def unplannable(error_class: str) -> BackendError:
+    """The error for a rewritten statement the backend cannot plan (`check_plans`)."""
+    return BackendError("the backend cannot plan the rewritten query; nothing was charged",
+                        detail=f"backend error class: {error_class}",
+                        hint="this is a fault of dpproxy's rewrite: please report the query "
+                             "(the backend's message is withheld: it may quote data)")
 
 
 def open_backend(policy: Policy) -> Backend:

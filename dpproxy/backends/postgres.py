@@ -31,6 +31,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from ..bounds import BoundCheck, BoundingCounts, Unbounded
 from ..errors import BackendError, InvalidPolicy
 from ..policy import Policy, env_password
+from . import unplannable
 
 POOL_MIN_SIZE = 1
 POOL_MAX_SIZE = 10
@@ -200,6 +201,15 @@ class PostgresBackend:
         conn.adapters.register_loader("date", _InfinityDateLoader)
         conn.adapters.register_loader("timestamp", _InfinityTimestampLoader)
         conn.adapters.register_loader("timestamptz", _InfinityTimestamptzLoader)
+
+    def check_plans(self, statements: Sequence[tuple[str, Sequence[object]]]) -> None:
+        try:
+            with self._pool.connection() as conn, conn.cursor() as cursor:
+                for sql, parameters in statements:
+                    cursor.execute(f"EXPLAIN {sql}", list(parameters) or None)
+                    cursor.fetchall()
+        except psycopg.Error as exc:
+            raise unplannable(type(exc).__name__) from None
 
     def run_aggregate(self, sql: str, parameters: Sequence[object] = (),
                       unbounded: Unbounded | None = None) -> list[tuple[object, ...]]:

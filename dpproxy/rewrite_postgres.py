@@ -234,11 +234,12 @@ def _is_date_arithmetic(node: exp.Expression | None, typed: Typer) -> bool:
 def as_date(node: exp.Expression) -> exp.Expression:
     """A date-valued row expression as a DATE: as it is where it is one already (a date
     column, a cast to DATE, date arithmetic), else cast (a midnight TIMESTAMP from
-    DATE_TRUNC or a timestamp literal: the same day)."""
+    DATE_TRUNC or a timestamp literal, or a CASE, COALESCE, GREATEST… that may hold one:
+    the same day)."""
     inner = node
     while isinstance(inner, exp.Paren):
         inner = inner.this
-    if isinstance(inner, exp.Column | exp.Add | exp.Sub | exp.Case) \
+    if isinstance(inner, exp.Column | exp.Add | exp.Sub) \
             or (isinstance(inner, exp.Cast | exp.TryCast)
                 and inner.to.is_type(exp.DataType.Type.DATE)):
         return node

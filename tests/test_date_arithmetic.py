@@ -32,6 +32,12 @@ EXPRESSIONS = [
     ("INTERVAL '3 days' + d", None),
     ("DATE_TRUNC('week', (d + INTERVAL '1 day')) + INTERVAL '-1 day'", None),  # Metabase
     ("CAST(DATE_TRUNC('month', d) AS DATE) + 40", None),
+    # found by tests/test_fuzz_rows.py: a CASE holding a DATE_TRUNC, and a timestamp
+    # constant (a date minus an interval) minus a date
+    ("CASE WHEN d > DATE '2024-01-15' THEN DATE_TRUNC('month', d) ELSE d END + 30",
+     "CAST(CASE WHEN d > DATE '2024-01-15' THEN DATE_TRUNC('month', d) ELSE d END AS DATE)"
+     " + 30"),
+    ("(DATE '2024-03-01' - INTERVAL '8 weeks') - GREATEST(d, DATE '2024-01-01')", None),
 ]
 DATES = [dt.date(2023, 12, 20) + dt.timedelta(days=i) for i in range(80)] + [
     dt.date(2024, 2, 29), dt.date(1999, 12, 31), dt.date(2000, 3, 1), dt.date(1000, 1, 10)]
@@ -80,7 +86,7 @@ def _mismatches(postgres: psycopg.Connection) -> list[tuple[object, ...]]:  # ty
 
 
 def test_both_backends_compute_postgresqls_value(postgres: psycopg.Connection) -> None:  # type: ignore[type-arg]
-    """14 expressions on 84 dates (month, leap-day and year ends): the DuckDB and the
+    """16 expressions on 84 dates (month, leap-day and year ends): the DuckDB and the
     PostgreSQL rewrites give PostgreSQL's value of the expression as written."""
     assert _mismatches(postgres) == []
 

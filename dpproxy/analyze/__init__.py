@@ -457,9 +457,13 @@ def _resolve_keys(select: exp.Select, table: TablePolicy, resolve: Resolver
     group = select.args.get("group")
     if group is None:
         return ()
-    if any(group.args.get(k) for k in ("grouping_sets", "cube", "rollup")):
+    # (sqlglot puts them among the keys, or in args of their own in older releases)
+    if any(group.args.get(k) for k in ("grouping_sets", "cube", "rollup")) or any(
+            isinstance(e, exp.Rollup | exp.Cube | exp.GroupingSets)
+            for e in group.expressions):
         raise NotSupportedError("GROUPING SETS, CUBE and ROLLUP are not supported",
-                                hint="run one GROUP BY per grouping")
+                                hint="run one GROUP BY per grouping (each is charged; a "
+                                     "total is GROUP BY nothing)")
     keys: list[GroupKey] = []
     for item in group.expressions:
         node = _dereference(item, select.expressions, table)

@@ -202,6 +202,11 @@ def _total_node(node: exp.Expression, table: TablePolicy, integer_valued: bool
         return exp.cast(node, _DOUBLE)
     if isinstance(node, exp.Round) and node.args.get("decimals") is not None:
         return _round_to_digits(node.this, int(float(node.args["decimals"].this)))
+    if isinstance(node, exp.RegexpLike | exp.RegexpILike):
+        # `.` matches a newline, as in PostgreSQL (option s); ~* ignores case (option i)
+        options = "is" if isinstance(node, exp.RegexpILike) else "s"
+        return exp.func("REGEXP_MATCHES", node.this, node.expression,
+                        exp.Literal.string(options))
     if isinstance(node, exp.TimeToStr):  # the same text PostgreSQL's TO_CHAR writes
         return to_char.duckdb_expression(node.this, to_char.parse_format(to_char.format_of(node)))
     if isinstance(node, exp.DateTrunc | exp.TimestampTrunc):

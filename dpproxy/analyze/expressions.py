@@ -38,7 +38,7 @@ from ..errors import (
     UndefinedColumn,
 )
 from ..policy import ColumnPolicy
-from . import to_char
+from . import regex, to_char
 
 Kind = Literal["num", "text", "date", "bool", "null", "unknown"]
 INF = math.inf
@@ -78,7 +78,8 @@ DATE_TRUNC_UNITS = ("microseconds", "milliseconds", "second", "minute", "hour", 
 _ROW_FUNCTIONS_HELP = (
     "+ - * / %, ABS, ROUND, FLOOR, CEIL, LEAST, GREATEST, CASE, COALESCE, NULLIF, CAST, "
     "comparisons, AND/OR/NOT, IN (list), BETWEEN, LIKE/ILIKE, IS NULL, LOWER, UPPER, LENGTH, "
-    "TRIM, SUBSTRING, ||, EXTRACT, DATE_TRUNC, TO_CHAR(date, format)"
+    "TRIM, SUBSTRING, ||, ~ and ~* (regular expressions), EXTRACT, DATE_TRUNC, "
+    "TO_CHAR(date, format)"
 )
 
 
@@ -500,6 +501,19 @@ class _RowTyper:
 
     def _ILike(self, node: exp.ILike) -> ExprType:
         return self._text_predicate(node)
+
+    def _RegexpLike(self, node: exp.RegexpLike) -> ExprType:
+        """text ~ 'pattern' (~* too): a constant pattern both backends read alike."""
+        pattern = node.expression
+        if not (isinstance(pattern, exp.Literal) and pattern.is_string) \
+                or node.args.get("flag") is not None:
+            raise NotSupportedError("a regular expression must be a constant string",
+                                    hint="write text ~ 'pattern'")
+        regex.check_pattern(pattern.this)
+        return self._text_predicate(node)
+
+    def _RegexpILike(self, node: exp.RegexpILike) -> ExprType:
+        return self._RegexpLike(node)  # type: ignore[arg-type]
 
     # text and dates -----------------------------------------------------------------------
     def _text_of(self, node: exp.Expression, name: str) -> ExprType:

@@ -8,16 +8,13 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator
 
-import duckdb
-import psycopg
 import pytest
-import sqlglot
 
 from dpproxy import errors
-from dpproxy.clock import fold
 from dpproxy.policy import ColumnPolicy, TablePolicy
-from dpproxy.rewrite import make_total
 from dpproxy.session import Engine
+
+from .rewrites import Connections, loaded, three_ways
 
 BACKENDS = ("duckdb", "postgres")
 # (as written, PostgreSQL's own form where it has no operator for the first: DATE_TRUNC
@@ -56,48 +53,33 @@ def _day(value: object) -> object:
 
 
 @pytest.fixture(scope="module")
-def postgres(pg_dsn: str) -> Iterator[psycopg.Connection]:  # type: ignore[type-arg]
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute("SET TIME ZONE 'UTC'")
-        conn.execute("CREATE TEMP TABLE dates (i int, d date)")
-        with conn.cursor() as cur:
-            cur.executemany("INSERT INTO dates VALUES (%s, %s)", list(enumerate(DATES)))
-        yield conn
+def connections(pg_dsn: str) -> Iterator[Connections]:
+    yield from loaded(pg_dsn, "dates", "d", "date", DATES)
 
 
-def _mismatches(postgres: psycopg.Connection) -> list[tuple[object, ...]]:  # type: ignore[type-arg]
-    duck = duckdb.connect()
-    duck.execute("CREATE TABLE dates (i INT, d DATE)")
-    duck.executemany("INSERT INTO dates VALUES (?, ?)", list(enumerate(DATES)))
+def _mismatches(connections: Connections) -> list[tuple[object, ...]]:
     wrong = []
     for expression, own in EXPRESSIONS:
-        native = postgres.execute(f"SELECT {own or expression} FROM dates ORDER BY i").fetchall()
-        node = fold(sqlglot.parse_one(f"SELECT {expression}", read="postgres"),
-                    None).expressions[0]
-        on_duckdb = duck.execute(f"SELECT {make_total(node, TABLE).sql('duckdb')} "
-                                 "FROM dates ORDER BY i").fetchall()
-        on_postgres = postgres.execute(
-            f"SELECT {make_total(node, TABLE, 'postgres').sql('postgres')} FROM dates "
-            "ORDER BY i").fetchall()
-        for day, (a,), (b,), (c,) in zip(DATES, on_duckdb, on_postgres, native, strict=True):
+        rows = three_ways(*connections, TABLE, expression, own)
+        for day, (a, b, c) in zip(DATES, rows, strict=True):
             if not _day(a) == _day(b) == _day(c):
                 wrong.append((expression, day, a, b, c))
     return wrong
 
 
-def test_both_backends_compute_postgresqls_value(postgres: psycopg.Connection) -> None:  # type: ignore[type-arg]
+def test_both_backends_compute_postgresqls_value(connections: Connections) -> None:
     """16 expressions on 84 dates (month, leap-day and year ends): the DuckDB and the
     PostgreSQL rewrites give PostgreSQL's value of the expression as written."""
-    assert _mismatches(postgres) == []
+    assert _mismatches(connections) == []
 
 
-def test_an_injected_bug_is_caught(postgres: psycopg.Connection,  # type: ignore[type-arg]
+def test_an_injected_bug_is_caught(connections: Connections,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The comparison can fail: an INTERVAL of weeks read as that many days."""
     import dpproxy.clock as clock
 
     monkeypatch.setitem(clock._UNITS, "weeks", (0, 1, 0))
-    assert any(w[0] == "d - INTERVAL '2 weeks'" for w in _mismatches(postgres))
+    assert any(w[0] == "d - INTERVAL '2 weeks'" for w in _mismatches(connections))
 
 
 QUERIES = [

@@ -3,16 +3,17 @@ by PostgreSQL and by DuckDB's RE2, string for string; the rest is refused."""
 
 from __future__ import annotations
 
-import duckdb
-import psycopg
+from collections.abc import Iterator
+
 import pytest
 import sqlglot
 
 from dpproxy import errors
 from dpproxy.analyze.regex import check_pattern
 from dpproxy.policy import ColumnPolicy, TablePolicy
-from dpproxy.rewrite import make_total
 from dpproxy.session import Engine
+
+from .rewrites import Connections, loaded, three_ways
 
 BACKENDS = ("duckdb", "postgres")
 PATTERNS = [
@@ -26,43 +27,31 @@ STRINGS = ["Sales", "Tech-support", "sales", "Exec-managerial", "", "a", "ab", "
 TABLE = TablePolicy("strings", {"s": ColumnPolicy("s", "text")})
 
 
-def _mismatches(postgres: psycopg.Connection) -> list[tuple[object, ...]]:  # type: ignore[type-arg]
-    duck = duckdb.connect()
-    duck.execute("CREATE TABLE strings (i INT, s TEXT)")
-    duck.executemany("INSERT INTO strings VALUES (?, ?)", list(enumerate(STRINGS)))
+@pytest.fixture(scope="module")
+def connections(pg_dsn: str) -> Iterator[Connections]:
+    yield from loaded(pg_dsn, "strings", "s", "text", STRINGS)
+
+
+def _mismatches(connections: Connections) -> list[tuple[object, ...]]:
     wrong = []
     for pattern in PATTERNS:
         for operator in ("~", "~*", "!~", "!~*"):
             sql = f"s {operator} '{pattern}'"
-            node = sqlglot.parse_one(sql, read="postgres")
-            mine = duck.execute(f"SELECT {make_total(node, TABLE).sql('duckdb')} FROM strings "
-                                "ORDER BY i").fetchall()
-            ours = postgres.execute(f"SELECT {make_total(node, TABLE, 'postgres').sql('postgres')}"
-                                    " FROM strings ORDER BY i").fetchall()
-            native = postgres.execute(f"SELECT {sql} FROM strings ORDER BY i").fetchall()
-            for text, a, b, c in zip(STRINGS, mine, ours, native, strict=True):
+            for text, (a, b, c) in zip(STRINGS, three_ways(*connections, TABLE, sql),
+                                       strict=True):
                 if not a == b == c:
                     wrong.append((sql, text, a, b, c))
     return wrong
 
 
-@pytest.fixture(scope="module")
-def postgres(pg_dsn: str):  # type: ignore[no-untyped-def]
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute("CREATE TEMP TABLE strings (i int, s text)")
-        with conn.cursor() as cur:
-            cur.executemany("INSERT INTO strings VALUES (%s, %s)", list(enumerate(STRINGS)))
-        yield conn
-
-
-def test_both_backends_match_alike(postgres: psycopg.Connection) -> None:  # type: ignore[type-arg]
+def test_both_backends_match_alike(connections: Connections) -> None:
     """26 patterns × 4 operators × 21 strings (NULL, a newline, non-ASCII letters)."""
     for pattern in PATTERNS:
         check_pattern(pattern)
-    assert _mismatches(postgres) == []
+    assert _mismatches(connections) == []
 
 
-def test_an_injected_difference_is_caught(postgres: psycopg.Connection,  # type: ignore[type-arg]
+def test_an_injected_difference_is_caught(connections: Connections,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The comparison can fail: without option s, RE2's `.` does not match a newline."""
     import dpproxy.rewrite as rewrite
@@ -75,7 +64,7 @@ def test_an_injected_difference_is_caught(postgres: psycopg.Connection,  # type:
         return real(name, *args, **kwargs)
 
     monkeypatch.setattr(rewrite.exp, "func", without_s)
-    assert any(w[1] == "line\nbreak" for w in _mismatches(postgres))
+    assert any(w[1] == "line\nbreak" for w in _mismatches(connections))
 
 
 @pytest.mark.parametrize("pattern", ["\\d", "\\w+", "\\s", "\\y", "[[:alpha:]]", "[]a]",

@@ -8,16 +8,15 @@ import datetime as dt
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import duckdb
-import psycopg
 import pytest
 import sqlglot
 
 from dpproxy import errors
 from dpproxy.analyze.to_char import parse_format
 from dpproxy.policy import ColumnPolicy, PublicRange, TablePolicy
-from dpproxy.rewrite import make_total
 from dpproxy.session import Engine
+
+from .rewrites import Connections, loaded, three_ways
 
 # the engine-backed tests run on both backends, loaded with the same demo rows
 BACKENDS = ("duckdb", "postgres")
@@ -38,48 +37,32 @@ DATES = [dt.date(2023, 1, 1) + dt.timedelta(days=i) for i in range(3 * 366)] + [
 TABLE = TablePolicy("dates", {"d": ColumnPolicy("d", "date")})
 
 
-def _texts(sql: str, run: object) -> list[object]:
-    return [r[0] for r in run(sql)]  # type: ignore[operator]
-
-
 @pytest.fixture(scope="module")
-def postgres(pg_dsn: str) -> Iterator[psycopg.Connection]:  # type: ignore[type-arg]
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute("CREATE TEMP TABLE dates (i int, d date)")
-        with conn.cursor() as cur:
-            cur.executemany("INSERT INTO dates VALUES (%s, %s)", list(enumerate(DATES)))
-        yield conn
+def connections(pg_dsn: str) -> Iterator[Connections]:
+    yield from loaded(pg_dsn, "dates", "d", "date", DATES)
 
 
-def _mismatches(postgres: psycopg.Connection, formats: list[str]) -> tuple[int, int]:  # type: ignore[type-arg]
+def _mismatches(connections: Connections, formats: list[str]) -> tuple[int, int]:
     """(texts compared, texts that differ): each format on each date, DuckDB running the
     rewritten TO_CHAR, PostgreSQL both its rewrite and its own TO_CHAR (NULL outside years
     1000-9999)."""
-    duck = duckdb.connect()
-    duck.execute("CREATE TABLE dates (i INT, d DATE)")
-    duck.executemany("INSERT INTO dates VALUES (?, ?)", list(enumerate(DATES)))
     compared = differ = 0
     for fmt in formats:
-        node = sqlglot.parse_one(f"TO_CHAR(d, '{fmt}')", read="postgres")
-        mine = duck.execute(f"SELECT {make_total(node, TABLE).sql('duckdb')} FROM dates "
-                            "ORDER BY i").fetchall()
-        theirs = postgres.execute(f"SELECT {make_total(node, TABLE, 'postgres').sql('postgres')}"
-                                  " FROM dates ORDER BY i").fetchall()
-        native = postgres.execute(f"SELECT TO_CHAR(d, '{fmt}') FROM dates ORDER BY i").fetchall()
-        for day, a, b, c in zip(DATES, mine, theirs, native, strict=True):
+        rows = three_ways(*connections, TABLE, f"TO_CHAR(d, '{fmt}')")
+        for day, (a, b, c) in zip(DATES, rows, strict=True):
             within = dt.date(1000, 1, 1) <= day <= dt.date(9999, 12, 31)
             compared += 1
-            differ += not a == b == (c if within else (None,))
+            differ += not a == b == (c if within else None)
     return compared, differ
 
 
-def test_duckdb_writes_what_postgresql_writes(postgres: psycopg.Connection) -> None:  # type: ignore[type-arg]
+def test_duckdb_writes_what_postgresql_writes(connections: Connections) -> None:
     """37 formats on 1,106 dates: the rewritten TO_CHAR gives PostgreSQL's text on
     DuckDB, and NULL on both outside years 1000-9999."""
-    assert _mismatches(postgres, FORMATS) == (len(FORMATS) * len(DATES), 0)
+    assert _mismatches(connections, FORMATS) == (len(FORMATS) * len(DATES), 0)
 
 
-def test_a_wrong_pattern_is_caught(postgres: psycopg.Connection,  # type: ignore[type-arg]
+def test_a_wrong_pattern_is_caught(connections: Connections,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The comparison can fail: D read as ISO's day of the week (Monday = 1) instead of
     PostgreSQL's (Sunday = 1) differs on every date."""
@@ -87,7 +70,7 @@ def test_a_wrong_pattern_is_caught(postgres: psycopg.Connection,  # type: ignore
 
     monkeypatch.setitem(to_char._NUMBER_PARTS, "D",
                         lambda v: (sqlglot.exp.func("ISODOW", v), 1))
-    compared, differ = _mismatches(postgres, ["D"])
+    compared, differ = _mismatches(connections, ["D"])
     beyond = sum(not dt.date(1000, 1, 1) <= d <= dt.date(9999, 12, 31) for d in DATES)
     assert differ == compared - beyond > 1000  # all but the dates beyond the years read
 

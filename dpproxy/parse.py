@@ -178,15 +178,14 @@ def parse_statements(sql: str, params: Parameters = None, *, bind: bool = True
                     _parsed.popitem(last=False)
     # Each statement with a query binds the parameters in turn, as they were parsed; one
     # clock for the string, as PostgreSQL's now() is one per transaction
-    clock = now() if any(s.folds and reads_clock(s.ast) for s in unbound
-                         if s.ast is not None) else None
+    clocked = [s.ast is not None and s.folds and reads_clock(s.ast) for s in unbound]
+    clock = now() if any(clocked) else None
     out: list[Statement] = []
-    for s in unbound:
+    for s, reads in zip(unbound, clocked, strict=True):
         if s.ast is None:
             out.append(s)
             continue
-        s = replace(s, ast=None, template=s.ast, params=params,
-                    clock=clock if s.folds and reads_clock(s.ast) else None)
+        s = replace(s, ast=None, template=s.ast, params=params, clock=clock if reads else None)
         out.append(s if not bind and s.kind == "select" else replace(s, ast=bind_statement(s)))
     return out
 

@@ -61,11 +61,7 @@ FUNCTIONS: dict[str, type[exp.Expression]] = {
     "last_value": exp.LastValue, "nth_value": exp.NthValue,
 }
 _NAMES = {node: name for name, node in FUNCTIONS.items()}
-_AGGREGATES = {"sum", "avg", "count", "min", "max"}
-_RANKING = {"row_number", "rank", "dense_rank", "percent_rank", "cume_dist", "ntile"}
-_FRAMED = _AGGREGATES | {"first_value", "last_value", "nth_value"}
-HELP = "SUM, AVG, COUNT, MIN, MAX, ROW_NUMBER, RANK, DENSE_RANK, PERCENT_RANK, CUME_DIST, " \
-       "NTILE, LAG, LEAD, FIRST_VALUE, LAST_VALUE, NTH_VALUE"
+HELP = ", ".join(name.upper() for name in FUNCTIONS)
 
 UNBOUNDED_PRECEDING = "unbounded preceding"
 PRECEDING = "preceding"
@@ -273,22 +269,17 @@ def _bound(value: object, side: object, kind: str) -> FrameBound:
 
 
 def result_type(call: WindowCall, argument_types: Sequence[str]) -> str:
-    """The PostgreSQL type name of a call's values, given its arguments' types."""
-    if call.function in ("count", "row_number", "rank", "dense_rank", "ntile"):
-        return "int8"
-    if call.function in ("percent_rank", "cume_dist", "avg"):
-        return "float8"
-    if call.function == "sum":
-        # SUM of integers is NUMERIC in PostgreSQL: fractions survive a division by it
-        return "float8" if argument_types[0] in ("int8", "float8") else argument_types[0]
-    return argument_types[0]
-
-
-def check_types(call: WindowCall, argument_types: Sequence[str]) -> None:
-    """SUM and AVG need numbers, as in PostgreSQL (which has no sum(text))."""
+    """The PostgreSQL type name of a call's values, given its arguments' types; SUM and
+    AVG of anything but numbers are refused, as in PostgreSQL (which has no sum(text))."""
     if call.function in ("sum", "avg") and argument_types[0] not in ("int8", "float8"):
         raise DatatypeMismatch(f"function {call.function}({argument_types[0]}) does not "
                                "exist as a window function", hint="sum or average numbers")
+    if call.function in ("count", "row_number", "rank", "dense_rank", "ntile"):
+        return "int8"
+    # SUM of integers is NUMERIC in PostgreSQL: fractions survive a division by it
+    if call.function in ("percent_rank", "cume_dist", "avg", "sum"):
+        return "float8"
+    return argument_types[0]
 
 
 def compute(calls: Sequence[WindowCall], selected: Sequence[int],

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from ..errors import NotSupportedError
 
-_META = set(".[](){}*+?|^$\\")
 _ESCAPABLE = set(".[](){}*+?|^$\\-/")
 MAX_REPEAT = 255  # PostgreSQL's largest {m,n} bound
 HINT = ("use literal characters, . [a-z] [^…] * + ? {m,n} ( ) (?: ) | ^ $ and \\ before "

@@ -563,8 +563,9 @@ def rewrite(plan: QueryPlan, dialect: str = "duckdb") -> Rewritten:
     per-pair aggregation also gets its `unbounded` form (see `dpproxy.bounds`).
     """
     analysis = plan.analysis
-    if plan.contribution.privacy_unit is None or analysis.joins or \
-            any(m.quantile is not None for m in plan.measurements):
+    if plan.contribution.privacy_unit is None or analysis.joins or any(
+            m.quantile is not None or m.statistic.kind == "count_distinct"
+            for m in plan.measurements):
         return _statement(plan, dialect, bounded=True)
     # bounded by pairs: salted exactly when there is a GROUP BY; unbounded, never
     keys = tuple(f"k{i}" for i in range(len(analysis.keys)))
@@ -790,7 +791,7 @@ def _statement_tree(plan: QueryPlan, dialect: str, bounded: bool, late: bool = F
             value: exp.Expression | None = clamped(statistic, table, dialect)
         elif statistic.kind == "quantile":
             value = _bin_index(statistic, table, dialect)
-        elif statistic.kind == "count" and statistic.argument is not None:
+        elif statistic.kind in ("count", "count_distinct") and statistic.argument is not None:
             value = make_total(statistic.argument, table, dialect)
         else:
             value = None
@@ -813,9 +814,11 @@ def _statement_tree(plan: QueryPlan, dialect: str, bounded: bool, late: bool = F
     if row_ids:
         unit = exp.column(ROW_ID, quoted=True)
     quantiles = any(m.quantile is not None for m in plan.measurements)
-    # Quantile histograms need each kept row's bin, and numbered rows a window of their own:
-    # both rank rows; every other plan bounds by aggregation per (unit, group) pair.
-    rank_rows = quantiles or row_ids
+    distinct = any(m.statistic.kind == "count_distinct" for m in plan.measurements)
+    # Quantile histograms need each kept row's bin, distinct counts each kept row's value,
+    # and numbered rows a window of their own: all rank rows; every other plan bounds by
+    # aggregation per (unit, group) pair.
+    rank_rows = quantiles or distinct or row_ids
     assert bounded or not rank_rows, "only plans bounded by pairs have an unbounded form"
     if unit is not None:
         inner_items.append(exp.alias_(unit, UNIT))
@@ -858,6 +861,8 @@ def _statement_tree(plan: QueryPlan, dialect: str, bounded: bool, late: bool = F
                 expressions=[exp.Literal.number(0)])
         elif statistic.kind == "count_units" and unit is not None:
             agg = exp.Count(this=exp.Distinct(expressions=[exp.column(UNIT)]))
+        elif statistic.kind == "count_distinct":
+            agg = exp.Count(this=exp.Distinct(expressions=[exp.column(value_name)]))
         elif value_name is not None:
             agg = exp.Count(this=exp.column(value_name))
         else:
@@ -884,7 +889,8 @@ def _statement_tree(plan: QueryPlan, dialect: str, bounded: bool, late: bool = F
         outer = exp.select(exp.Star(), copy=False).from_(
             outer.offset(0, copy=False).subquery("grouped", copy=False), copy=False).where(
             exp.and_(*group_filters, copy=False), copy=False)
-    return outer, pairs and bool(analysis.keys)
+    # a unit's groups are chosen by a salted hash, whether its pairs or its rows are ranked
+    return outer, bounded and unit is not None and bool(key_refs) and not row_ids
 
 
 

@@ -149,6 +149,24 @@ def test_every_unit_over_the_row_bound_keeps_exactly_max_rows(policy: Policy,
         assert got[avg_sum] == 300 * (10 - 50)  # AVG sums values minus the centre 50
 
 
+def test_distinct_count_keeps_max_rows_rows_of_each_unit(policy: Policy,
+                                                         backend: Backend) -> None:
+    """COUNT(DISTINCT uid·10 + x) counts each kept row once (x = 0..4 within a unit): 150
+    units keep 2 rows each, 300; per group as COUNT(*) per group, adding up to 300 again.
+    COUNT(DISTINCT g) is 5: units 1..100 each keep 2 of their 5 groups' rows at random, so
+    a group is missed by all of them with probability (6/10)^100 < 1e-22."""
+    plan = plan_for(policy, "SELECT COUNT(DISTINCT uid * 10 + x), COUNT(DISTINCT g) FROM e",
+                    analyst=ANALYST)
+    assert [exact_rows(backend, plan)[()] for _ in range(3)] == [(300.0, 5.0)] * 3
+    grouped = plan_for(policy, "SELECT g, COUNT(DISTINCT uid * 10 + x), COUNT(*) FROM e "
+                               "GROUP BY g", analyst=ANALYST)
+    for _ in range(3):
+        got = exact_rows(backend, grouped)
+        assert all(d == c for d, c in got.values())
+        assert sum(d for d, _ in got.values()) == 300
+        assert got[("a",)][0] >= 100
+
+
 def test_sum_over_the_row_bound_is_the_total_clamped_to_max_rows_bounds(
         policy: Policy, backend: Backend) -> None:
     """SUM(x) with x = 0..4 per unit keeps each unit's total 10 (below 2 × 100) for each
@@ -231,6 +249,10 @@ QUERIES = [
     "SELECT g, COUNT(*), COUNT(v), SUM(v), AVG(v), SUM(x), COUNT(DISTINCT uid) FROM TABLE "
     "GROUP BY g",
     "SELECT g, SUM(x) FROM TABLE WHERE x > 10 GROUP BY g",
+    # distinct counts bound by rows drawn at random (`rewrite._ranked_rows`); each row's
+    # value uid·1000 + x is its own, so unit 0's kept rows are all new values
+    "SELECT COUNT(DISTINCT uid * 1000 + x), COUNT(DISTINCT g), COUNT(*) FROM TABLE",
+    "SELECT g, COUNT(DISTINCT uid * 1000 + x), COUNT(v) FROM TABLE GROUP BY g",
 ]
 
 
@@ -256,3 +278,9 @@ def test_heavy_unit_moves_no_answer_beyond_its_bound(policy: Policy, backend: Ba
                 # in 1 group without GROUP BY (COUNT(v) may keep a NULL row on PostgreSQL)
                 groups = MAX_GROUPS if plan.analysis.keys else 1
                 assert sum(change.values()) == MAX_ROWS * groups
+            if measurement.statistic.describe().startswith("COUNT(DISTINCT uid * 1000"):
+                # max_rows of unit 0's 50 distinct values in each kept group: the bound,
+                # met exactly (a draw keeping more rows, or fewer, fails here)
+                groups = MAX_GROUPS if plan.analysis.keys else 1
+                assert sum(change.values()) == MAX_ROWS * groups
+                assert measurement.sensitivity == MAX_ROWS * groups

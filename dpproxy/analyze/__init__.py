@@ -312,7 +312,8 @@ def _fold_within_group(select: exp.Select) -> exp.Select:
 
 def _fold_filters(select: exp.Select) -> exp.Select:
     """AGG(x) FILTER (WHERE c) becomes AGG(CASE WHEN c THEN x END), and COUNT(*) FILTER
-    (WHERE c) COUNT(CASE WHEN c THEN 1 END): the same rows reach the aggregate (a NULL is
+    (WHERE c) COUNT(CASE WHEN c THEN 1 END), COUNT(DISTINCT x) FILTER (WHERE c)
+    COUNT(DISTINCT CASE WHEN c THEN x END): the same rows reach the aggregate (a NULL is
     skipped as a filtered row is), so the same statistic, analysed as any CASE is.
 
     >>> from sqlglot import parse_one
@@ -327,13 +328,16 @@ def _fold_filters(select: exp.Select) -> exp.Select:
         function = node.this
         condition = node.expression.this if isinstance(node.expression, exp.Where) else None
         argument = function.this
-        if condition is None or isinstance(argument, exp.Distinct) \
-                or function.args.get("expression") is not None:
+        distinct = isinstance(argument, exp.Distinct)
+        several = distinct and (not isinstance(function, exp.Count)
+                                or len(argument.expressions) != 1)
+        if condition is None or function.args.get("expression") is not None or several:
             return node  # refused below, with a hint
-        value = exp.Literal.number(1) if isinstance(argument, exp.Star) else argument
+        value = exp.Literal.number(1) if isinstance(argument, exp.Star) \
+            else argument.expressions[0] if distinct else argument
         case = exp.Case(ifs=[exp.If(this=condition.copy(), true=value.copy())])
         folded = function.copy()
-        folded.set("this", case)
+        folded.set("this", exp.Distinct(expressions=[case]) if distinct else case)
         return folded
     if select.find(exp.Filter) is None:
         return select
@@ -617,16 +621,13 @@ def _aggregate_parts(node: exp.AggFunc, table: TablePolicy
             return "count", None
         if isinstance(arg, exp.Distinct):
             cols = arg.expressions
-            if len(cols) == 1 and isinstance(cols[0], exp.Column) \
-                    and cols[0].name == table.privacy_unit:
+            if len(cols) != 1:
+                raise NotSupportedError(
+                    f"{node.sql('postgres')}: COUNT(DISTINCT …) takes one expression",
+                    hint="count the distinct values of one column or row expression")
+            if isinstance(cols[0], exp.Column) and cols[0].name == table.privacy_unit:
                 return "count_units", None
-            raise NotSupportedError(
-                f"{node.sql('postgres')}: COUNT(DISTINCT …) is supported only over the privacy "
-                f"unit ({table.privacy_unit or 'this table has none'})",
-                hint=(f"count units with COUNT(DISTINCT {table.privacy_unit}), "
-                      if table.privacy_unit else "")
-                + "or GROUP BY the column (when its values are public) and COUNT(*) per "
-                  "group; a distinct count of another column is not measured yet")
+            return "count_distinct", cols[0]
         return "count", arg
     if isinstance(node, exp.Sum | exp.Avg):
         if isinstance(arg, exp.Distinct):
@@ -757,6 +758,13 @@ def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolve
                     same = len(statistics) - 1
                 indexes.append(same)
             aggregates[key] = AggregateCall(key, rule, tuple(indexes), bounds)
+    kinds = {s.kind for s in statistics}
+    if {"count_distinct", "quantile"} <= kinds:
+        # a quantile's statement counts per group and histogram bin, and distinct values
+        # do not add up over bins
+        raise NotSupportedError(
+            "COUNT(DISTINCT …) and a quantile (MEDIAN, PERCENTILE_CONT, MIN, MAX) in one "
+            "query are not supported", hint="ask for them in two queries")
     return tuple(statistics), tuple(aggregates.values())
 
 

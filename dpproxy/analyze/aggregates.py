@@ -20,7 +20,7 @@ from sqlglot import exp
 from ..quantiles import binning_for
 from .expressions import ExprType
 
-StatisticKind = Literal["count", "sum", "count_units", "quantile"]
+StatisticKind = Literal["count", "sum", "count_units", "count_distinct", "quantile"]
 INF = math.inf
 
 
@@ -30,7 +30,9 @@ class Statistic:
 
     For "sum", each row contributes clamp(argument, lower, upper) - center; for
     "count", 1 per row where the argument is not NULL (every row when argument is
-    None); for "count_units", 1 per privacy unit in the group; for "quantile", the histogram
+    None); for "count_units", 1 per privacy unit in the group; for "count_distinct", 1 per
+    distinct non-NULL value of the argument over the group's kept rows (one unit's kept rows,
+    at most `max_rows`, add or remove at most that many); for "quantile", the histogram
     of clamp(argument, lower, upper) over bins of that range (`dpproxy.quantiles`), from
     which the exponential mechanism picks the `quantile` (p in [0, 1]).
 
@@ -89,6 +91,8 @@ class Statistic:
             return f"COUNT({arg})"
         if self.kind == "count_units":
             return "COUNT(DISTINCT privacy unit)"
+        if self.kind == "count_distinct":
+            return f"COUNT(DISTINCT {arg})"
         clamp = f"clamp({arg}, {self.lower:g}, {self.upper:g})"
         if self.kind == "quantile":
             return f"QUANTILE {float(self.quantile or 0):g} of histogram({clamp})"
@@ -176,6 +180,10 @@ def _avg_statistics(arg: exp.Expression | None, t: ExprType | None) -> list[Stat
 
 def _units_statistics(arg: exp.Expression | None, _: ExprType | None) -> list[Statistic]:
     return [Statistic("count_units", arg)]
+
+
+def _distinct_statistics(arg: exp.Expression | None, _: ExprType | None) -> list[Statistic]:
+    return [Statistic("count_distinct", arg)]
 
 
 def _single(values: Values, _: Stats) -> float:
@@ -369,6 +377,8 @@ RULES: dict[str, AggregateRule] = {
                          error_at=_avg_error),
     "count_units": AggregateRule("count_units", _units_statistics, _single, _single_interval,
                                  _nonnegative, lambda stats: True),
+    "count_distinct": AggregateRule("count_distinct", _distinct_statistics, _single,
+                                    _single_interval, _nonnegative, lambda stats: True),
     "median": quantile_rule(Fraction(1, 2)),
     "min": quantile_rule(Fraction(0)),
     "max": quantile_rule(Fraction(1)),
@@ -379,7 +389,7 @@ RULES: dict[str, AggregateRule] = {
 }
 VARIANCE_RULES = ("var_pop", "var_samp", "stddev_pop", "stddev_samp")
 
-SUPPORTED_HELP = ("COUNT(*), COUNT(expr), COUNT(DISTINCT <privacy unit>), SUM(expr), AVG(expr), "
+SUPPORTED_HELP = ("COUNT(*), COUNT(expr), COUNT(DISTINCT expr), SUM(expr), AVG(expr), "
                   "MEDIAN(expr), PERCENTILE_CONT(p) WITHIN GROUP (ORDER BY expr), MIN(expr), "
                   "MAX(expr), VAR_POP, VAR_SAMP (VARIANCE), STDDEV_POP, STDDEV_SAMP (STDDEV)")
 

@@ -63,6 +63,28 @@ _TRUNC_UNITS = ("year", "quarter", "month", "week", "day", "hour", "minute", "se
 _PLAIN_INTERVAL = re.compile(r"(?:\s*[+-]?\d+\s*[a-zA-Z]*)+\s*")
 
 
+def parse_date(text: str) -> dt.date:
+    """A date as PostgreSQL reads an ISO one: YYYY-MM-DD (or YYYYMMDD), optionally followed
+    by a time and a zone, or by a zone alone (pgjdbc's setDate sends '2024-03-01 +00'),
+    both of which a date ignores. ValueError for any other text.
+
+    >>> [parse_date(t).isoformat() for t in ("2024-03-01", " 2024-03-01 +00",
+    ...                                      "2024-03-01 23:30:00-08", "2024-03-01T10:00")]
+    ['2024-03-01', '2024-03-01', '2024-03-01', '2024-03-01']
+    """
+    text = text.strip()
+    try:
+        return dt.date.fromisoformat(text)
+    except ValueError:
+        pass
+    day, space, zone = text.partition(" ")
+    zone = zone.strip()
+    if space and zone.startswith(("+", "-")):
+        dt.datetime.fromisoformat(f"{day}T00:00{zone}")  # (a ValueError if not a zone)
+        return dt.date.fromisoformat(day)
+    return dt.datetime.fromisoformat(text).date()
+
+
 def check_interval_literals(tokens: Sequence[Token]) -> None:
     """Refuse an `INTERVAL '…'` whose string holds more than number-unit pairs ('1 day
     02:00:00', '1 day ago'): sqlglot's parser keeps only its first pair, which would
@@ -197,7 +219,7 @@ def _constant(node: exp.Expression) -> dt.datetime | dt.date | tuple[int, int, i
     text = node.this.this.strip()
     try:
         if node.to.this in _DATE_TYPES:
-            return dt.date.fromisoformat(text)
+            return parse_date(text)
         if node.to.this == exp.DataType.Type.TIMESTAMP:
             value = dt.datetime.fromisoformat(text)
             return value if value.tzinfo is None else None

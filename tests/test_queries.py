@@ -994,6 +994,18 @@ def test_error_outcome_does_not_reveal_membership(big_engine: Engine, table: str
     assert outcomes[0] == outcomes[1]
 
 
+def test_date_literal_with_a_zone_reads_as_the_date(alice: Session) -> None:
+    """'2024-06-01 +00' (as pgjdbc binds a java.sql.Date) compares as the date itself: the
+    same plan and statement as '2024-06-01'; text that is no date is refused, uncharged."""
+    sql = "EXPLAIN SELECT COUNT(*) FROM visits WHERE day >= '{}'"
+    assert alice.execute(sql.format("2024-06-01 +00")).rows == \
+        alice.execute(sql.format("2024-06-01")).rows
+    before = alice.remaining()
+    with pytest.raises(errors.Error) as caught:
+        alice.execute("SELECT COUNT(*) FROM visits WHERE day >= '2024-06-01 junk'")
+    assert caught.value.sqlstate == "22P02" and alice.remaining() == before
+
+
 def test_invalid_numeric_literal_is_rejected_before_charging(alice: Session) -> None:
     before = alice.remaining()
     with pytest.raises(errors.Error) as caught:

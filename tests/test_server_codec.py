@@ -204,6 +204,9 @@ def test_numeric_binary_matches_postgres() -> None:
     (b"30", codec.INT8, 30), (b" 30 ", codec.INT4, 30), (b"1.5", codec.FLOAT8, 1.5),
     (b"2.50", codec.NUMERIC, decimal.Decimal("2.50")), (b"true", codec.BOOL, True),
     (b"off", codec.BOOL, False), (b"2024-07-01", codec.DATE, dt.date(2024, 7, 1)),
+    # pgjdbc's setDate, and a time and zone, which a date ignores as PostgreSQL's does
+    (b"2024-07-01 +00", codec.DATE, dt.date(2024, 7, 1)),
+    (b"2024-07-01 23:30:00-08", codec.DATE, dt.date(2024, 7, 1)),
     (b"Sales", 0, "Sales"), (b"Sales", codec.VARCHAR, "Sales"), (None, codec.INT8, None),
 ])
 def test_text_parameters(data: bytes | None, oid: int, value: object) -> None:
@@ -226,6 +229,8 @@ def test_binary_oid_array_as_asyncpg_sends_it() -> None:
     (b"1.5", codec.INT4, TEXT, "22P02"),
     (b"maybe", codec.BOOL, TEXT, "22P02"),
     (b"2024-13-01", codec.DATE, TEXT, "22P02"),
+    (b"2024-07-01 junk", codec.DATE, TEXT, "22P02"),
+    (b"2024-07-01 +25", codec.DATE, TEXT, "22P02"),
     (b"99999999999", codec.INT4, TEXT, "22000"),
     (b"\xff", codec.TEXT_OID, TEXT, "22021"),
     (b"\x00\x01\x02", codec.INT4, BINARY, "22P03"),

@@ -19,7 +19,6 @@ value bounds from the policy's column metadata.
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -27,7 +26,7 @@ from typing import Literal
 
 from sqlglot import exp
 
-from ..clock import DAYS
+from ..clock import DAYS, parse_date
 from ..errors import (
     DatatypeMismatch,
     GroupingError,
@@ -608,8 +607,7 @@ def _typed_literal(node: exp.Literal, kind: Kind) -> exp.Expression:
                 raise ValueError(text)
             return exp.Literal.number(text)
         if kind == "date":
-            dt.date.fromisoformat(text)
-            return exp.cast(exp.Literal.string(text), "DATE")
+            return exp.cast(exp.Literal.string(parse_date(text).isoformat()), "DATE")
         if kind == "bool":
             value = {"true": True, "t": True, "yes": True, "on": True, "1": True,
                      "false": False, "f": False, "no": False, "off": False, "0": False}[

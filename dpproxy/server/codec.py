@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from .. import errors
+from ..clock import parse_date
 
 PROTOCOL_VERSION = 196608  # 3.0
 SSL_REQUEST_CODE = 80877103
@@ -1033,7 +1034,7 @@ def _parameter_text(text: str, oid: int) -> Any:
                 return False
             raise ValueError
         if oid == DATE:
-            return dt.date.fromisoformat(stripped)
+            return parse_date(stripped)
         if oid in (TIMESTAMP, 1184):
             return dt.datetime.fromisoformat(stripped)
     except (ValueError, decimal.InvalidOperation):

@@ -8,11 +8,15 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import duckdb
+import psycopg
+
 from dpproxy.analyze import Analysis, analyze
 from dpproxy.parse import parse_statements
 from dpproxy.plan import QueryOptions, QueryPlan, plan_query
 from dpproxy.policy import Policy
 from dpproxy.rewrite import rewrite
+from dpproxy.session import Engine
 
 
 def plan_for(policy: Policy, sql: str, analyst: str = "alice") -> QueryPlan:
@@ -68,3 +72,15 @@ def assert_within_bounds(plan: QueryPlan, got: dict[tuple[Any, ...], tuple[float
             assert all(0 <= c <= max_rows for c in change.values())
         changes.append(change)
     return changes
+
+
+def read_directly(engine: Engine, sql: str) -> list[tuple[Any, ...]]:
+    """The noiseless answer of `sql` on the engine's own data, read from its backend
+    directly (never through dpproxy), for checking released values against."""
+    backend = engine.policy.backend
+    if backend.kind == "postgres":
+        assert backend.dsn is not None
+        with psycopg.connect(backend.dsn) as conn:
+            return [tuple(r) for r in conn.execute(sql).fetchall()]
+    with duckdb.connect(str(backend.path), read_only=True) as conn:
+        return [tuple(r) for r in conn.execute(sql).fetchall()]

@@ -14,8 +14,6 @@ Laplace scale is k/5, and a tolerance of 40·k/5 is exceeded with probability be
 
 from __future__ import annotations
 
-from typing import Any
-
 import psycopg
 import pytest
 
@@ -23,6 +21,7 @@ from dpproxy import errors
 from dpproxy.session import Engine
 
 from .conftest import PolicyFactory
+from .exact import read_directly
 from .test_server_support import ServeFactory
 
 BACKENDS = ("duckdb", "postgres")
@@ -35,27 +34,7 @@ EXACT = ("SELECT occupation, COUNT(DISTINCT age), "
          "FROM adult WHERE occupation IS NOT NULL GROUP BY occupation ORDER BY occupation")
 
 
-def _exact(backend_kind: str, pg_demo_dsn: str | None, engine: Engine, sql: str
-           ) -> list[tuple[Any, ...]]:
-    """The noiseless answer, read from the demo data directly (never through dpproxy)."""
-    if backend_kind == "postgres":
-        assert pg_demo_dsn is not None
-        with psycopg.connect(pg_demo_dsn) as conn:
-            return [tuple(r) for r in conn.execute(sql).fetchall()]
-    import duckdb
-
-    path = engine.policy.backend.path
-    with duckdb.connect(str(path), read_only=True) as conn:
-        return [tuple(r) for r in conn.execute(sql).fetchall()]
-
-
-@pytest.fixture
-def pg_demo(backend_kind: str, request: pytest.FixtureRequest) -> str | None:
-    return request.getfixturevalue("pg_demo_dsn") if backend_kind == "postgres" else None
-
-
-def test_distinct_counts_over_psycopg(serve: ServeFactory, backend_kind: str,
-                                      pg_demo: str | None) -> None:
+def test_distinct_counts_over_psycopg(serve: ServeFactory) -> None:
     """Per occupation (public keys: all 14), the distinct ages and, with FILTER, the
     distinct education levels among women: int8 columns within 16 (40·2/5) of the exact
     counts, charged ε once; the repeat is the stored answer, free."""
@@ -70,7 +49,7 @@ def test_distinct_counts_over_psycopg(serve: ServeFactory, backend_kind: str,
         assert served.spent() == pytest.approx(5.0)
         assert conn.execute(BY_OCCUPATION).fetchall() == rows
         assert served.spent() == pytest.approx(5.0)
-    exact = _exact(backend_kind, pg_demo, served.engine, EXACT)
+    exact = read_directly(served.engine, EXACT)
     assert [r[0] for r in rows] == [r[0] for r in exact] and len(rows) == 14
     for mine, truth in zip(rows, exact, strict=True):
         assert all(isinstance(v, int) and v >= 0 for v in mine[1:])
@@ -94,8 +73,8 @@ def test_explain_states_the_sensitivity_of_kept_rows(make_policy: PolicyFactory)
 NO_UNIT = {'privacy_unit = "person_id"\nmax_groups_per_unit = 1\nmax_rows_per_unit = 1\n': ""}
 
 
-def test_table_without_a_privacy_unit_counts_rows_distinct(
-        make_policy: PolicyFactory, backend_kind: str, pg_demo: str | None) -> None:
+def test_table_without_a_privacy_unit_counts_rows_distinct(make_policy: PolicyFactory
+                                                           ) -> None:
     """Where each row is its own unit (no privacy_unit), nothing is bounded: COUNT(DISTINCT
     person_id) is an ordinary distinct count of sensitivity 1, here within 8 (40/5) of the
     exact count, with a parameter in the WHERE as a prepared query sends it."""
@@ -107,7 +86,7 @@ def test_table_without_a_privacy_unit_counts_rows_distinct(
         (released,), = result.rows
         explained = alice.execute("EXPLAIN " + sql.format(40))
         assert "L1 sensitivity 1," in "\n".join(str(r[0]) for r in explained.rows)
-        (exact,), = _exact(backend_kind, pg_demo, engine, sql.format(40))
+        (exact,), = read_directly(engine, sql.format(40))
     assert abs(released - exact) <= 8
 
 

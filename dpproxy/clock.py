@@ -85,6 +85,26 @@ def parse_date(text: str) -> dt.date:
     return dt.datetime.fromisoformat(text).date()
 
 
+EPOCH = dt.date(1970, 1, 1)
+
+
+def constant_date(node: exp.Expression) -> dt.date | None:
+    """The date a constant expression stands for (DATE '…', CAST('…' AS DATE)), or None."""
+    value = _constant(node)
+    return value if isinstance(value, dt.date) and not isinstance(value, dt.datetime) \
+        else None
+
+
+def day_number(day: dt.date) -> int:
+    """Days since 1970-01-01, as `date - DATE '1970-01-01'` reads in both backends."""
+    return (day - EPOCH).days
+
+
+def date_of_day(number: float) -> str:
+    """The ISO date of a day number (rounded to a whole day), as date keys are released."""
+    return (EPOCH + dt.timedelta(days=round(number))).isoformat()
+
+
 def check_interval_literals(tokens: Sequence[Token]) -> None:
     """Refuse an `INTERVAL '…'` whose string holds more than number-unit pairs ('1 day
     02:00:00', '1 day ago'): sqlglot's parser keeps only its first pair, which would

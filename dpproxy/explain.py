@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .accountant import Cost
 from .analyze import AggregateCall
+from .clock import date_of_day
 from .mechanisms import half_width
 from .plan import QueryPlan, aggregate_epsilons, format_split
 from .quantiles import rank_error
@@ -105,8 +106,8 @@ def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -
         lines.append(f"  {agg.sql} from {parts}"
                      + (f", debiased: {agg.rule.mechanism}" if agg.rule.mechanism else "")
                      + aggregate_error(plan, agg, epsilon)
-                     + (f"; argument bounds [{agg.argument_bounds[0]:g}, "
-                        f"{agg.argument_bounds[1]:g}]" if agg.argument_bounds else ""))
+                     + (f"; argument bounds [{_bound(agg, 0)}, {_bound(agg, 1)}]"
+                        if agg.argument_bounds else ""))
     for call in analysis.windows:
         lines.append(f"  {call.text}: over the released groups, after HAVING "
                      "(post-processing: costs nothing)")
@@ -149,3 +150,12 @@ def aggregate_error(plan: QueryPlan, agg: AggregateCall, epsilon: float) -> str:
     errors = ", ".join(f"± {agg.rule.error_at(halves, stats, n):.4g} at {n:,} rows"
                        for n in EXAMPLE_COUNTS)
     return text + f", {confidence:.0%} about {errors} (interval per row)"
+
+
+def _bound(agg: AggregateCall, side: int) -> str:
+    """One end of an aggregate's argument bounds: a number, or the date of a day number."""
+    assert agg.argument_bounds is not None
+    value = agg.argument_bounds[side]
+    if agg.rule.value_type == "date":
+        return date_of_day(value)
+    return f"{value:g}"

@@ -25,6 +25,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal, NoReturn, TypeVar
 
+from .clock import day_number
 from .errors import InvalidAuthorization, InvalidPolicy
 from .local import RandomizedResponse, UnaryEncoding
 from .policy_lines import KeyPath, Position, key_positions
@@ -53,6 +54,7 @@ class Budget:
 class ColumnPolicy:
     name: str
     type: ColumnType
+    # bounds of the values; of a date column, as day numbers (`clock.day_number`)
     lower: float | None = None
     upper: float | None = None
     public_values: tuple[Any, ...] | None = None  # keys that may be released as GROUP BY keys
@@ -439,13 +441,16 @@ def _column(table: _Checker, name: str, public_table: bool) -> ColumnPolicy:
     col = table.child(name, spec, {"type", "lower", "upper", "public_values", "public_range",
                                    "nullable", "ldp", "unique"})
     ctype = col.choice("type", COLUMN_TYPES, "")
-    lower, upper = col.number("lower"), col.number("upper")
+    if ctype == "date":
+        lower, upper = _date_bound(col, "lower"), _date_bound(col, "upper")
+    else:
+        lower, upper = col.number("lower"), col.number("upper")
     if (lower is None) != (upper is None):
         col.fail("upper" if upper is None else "lower", "give both lower and upper, or neither")
-    if lower is not None and ctype not in ("int", "float"):
-        col.fail("lower", f"bounds apply to int and float columns, not {ctype}")
+    if lower is not None and ctype not in ("int", "float", "date"):
+        col.fail("lower", f"bounds apply to int, float and date columns, not {ctype}")
     if lower is not None and upper is not None and lower > upper:
-        col.fail("lower", f"lower ({lower:g}) must not exceed upper ({upper:g})")
+        col.fail("lower", f"lower ({spec['lower']}) must not exceed upper ({spec['upper']})")
     values = col.get("public_values", list)
     public: tuple[Any, ...] | None = None
     if values is not None and ctype == "date":
@@ -476,6 +481,20 @@ def _column(table: _Checker, name: str, public_table: bool) -> ColumnPolicy:
                  "private table's values are not claimed in the policy")
     return ColumnPolicy(name, ctype, lower, upper, public, nullable,  # type: ignore[arg-type]
                         ldp, public_range, unique)
+
+
+def _date_bound(col: _Checker, key: str) -> float | None:
+    """A date column's `lower`/`upper` (a TOML date or ISO text) as its day number
+    (`clock.day_number`), as the analyzer bounds dates; None when absent."""
+    value = col.get(key, (str, dt.date), None)
+    if value is None:
+        return None
+    try:
+        day = value if isinstance(value, dt.date) else dt.date.fromisoformat(value)
+    except ValueError:
+        col.fail(key, f"{value!r} is not a date (YYYY-MM-DD)")
+        raise AssertionError from None  # fail() raised
+    return float(day_number(day))
 
 
 def _public_range(col: _Checker, ctype: str, lower: float | None, upper: float | None

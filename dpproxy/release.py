@@ -24,6 +24,7 @@ from sqlglot import exp
 from .analyze import AggregateCall, Analysis, GroupKey, Output
 from .analyze.aggregates import combine, interval
 from .analyze.keys import normalize_key
+from .clock import date_of_day
 from .mechanisms import half_width, release_reaching, release_vectors
 from .plan import Measurement, QueryPlan
 from .postprocess import AggregateRef, Value, compare_values, evaluate, monotone_of
@@ -192,6 +193,8 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
                 intervals_of[agg.sql] = [interval(agg.rule, r, halves, stats)
                                          for r in released_rows]
         values_of[agg.sql] = _rounded(values) if agg.rule.integer_result(stats) else values
+        if agg.rule.value_type == "date":  # measured in day numbers; ISO text, as date keys
+            values_of[agg.sql] = list(map(date_of_day, values_of[agg.sql]))
     key_names = [k.name for k in analysis.keys]
     keys_of = dict(zip(key_names, key_columns, strict=True))
 

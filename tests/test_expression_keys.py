@@ -42,7 +42,7 @@ RANGES = {
     'age = { type = "int", lower = 17, upper = 90, nullable = false }':
         'age = { type = "int", lower = 17, upper = 90, nullable = false, '
         "public_range = { step = 1 } }",
-    'day = { type = "date", nullable = false }':
+    'day = { type = "date", lower = 2024-01-01, upper = 2024-12-31, nullable = false }':
         'day = { type = "date", nullable = false, '
         'public_range = { first = "2024-01-01", last = "2024-12-31" } }',
 }
@@ -630,7 +630,7 @@ def test_public_range_values(make_policy: Any) -> None:
     path = make_policy(replace={
         'amount = { type = "float", lower = 0, upper = 500, nullable = false }':
         'amount = { type = "float", lower = 0, upper = 1, public_range = { step = 0.25 } }',
-        'day = { type = "date", nullable = false }':
+        'day = { type = "date", lower = 2024-01-01, upper = 2024-12-31, nullable = false }':
         "day = { type = \"date\", public_range = { first = 2024-01-30, last = 2024-03-01, "
         "step = 15 } }"})
     columns = load_policy(path).tables["visits"].columns

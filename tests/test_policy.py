@@ -26,6 +26,7 @@ OCCUPATIONS = (
 )
 AGE = 'age = { type = "int", lower = 17, upper = 90, nullable = false }'
 SEX_VALUES = 'public_values = ["Female", "Male"]'
+DAY = 'day = { type = "date", lower = 2024-01-01, upper = 2024-12-31, nullable = false }'
 ALICE_BUDGET = "budget = { epsilon = 10.0, delta = 1e-5 }"
 ALICE_TABLES = 'tables = ["adult", "visits", "occupation_groups"]'
 ADULT_UNIT = 'privacy_unit = "person_id"\nmax_groups_per_unit = 1\nmax_rows_per_unit = 1\n'
@@ -116,7 +117,13 @@ BROKEN: list[tuple[str, str, str, str | tuple[str, ...], tuple[str, ...]]] = [
      "tables.adult.columns.age.lower", ("must not exceed upper",)),
     ("bounds on text", 'sex = { type = "text", ',
      'sex = { type = "text", lower = 0, upper = 1, ', "tables.adult.columns.sex.lower",
-     ("int and float columns",)),
+     ("int, float and date columns",)),
+    ("date bound not a date", DAY, DAY.replace("lower = 2024-01-01", 'lower = "June"'),
+     "tables.visits.columns.day.lower", ("'June' is not a date",)),
+    ("date bounds reversed", DAY, DAY.replace("lower = 2024-01-01, upper = 2024-12-31",
+                                              'lower = 2024-12-31, upper = "2024-01-01"'),
+     "tables.visits.columns.day.lower", ("lower (2024-12-31) must not exceed upper "
+                                         "(2024-01-01)",)),
     ("bad type name", AGE, AGE.replace('"int"', '"integer"'), "tables.adult.columns.age.type",
      ("'int', 'float', 'text', 'date', 'bool'", "'integer'")),
     ("public value of the wrong type", SEX_VALUES, 'public_values = ["Female", 3]',
@@ -476,7 +483,7 @@ def test_non_string_granted_table_is_invalid_policy(tmp_path: Path) -> None:
 
 
 def test_date_public_value_must_be_a_date(tmp_path: Path) -> None:
-    path = write_variant(tmp_path, 'day = { type = "date", nullable = false }',
+    path = write_variant(tmp_path, DAY,
                          'day = { type = "date", public_values = ["2024-13-45"] }')
     with pytest.raises(InvalidPolicy) as info:
         load_policy(path)
@@ -484,7 +491,7 @@ def test_date_public_value_must_be_a_date(tmp_path: Path) -> None:
 
 
 def test_native_toml_date_is_a_date_public_value(tmp_path: Path) -> None:
-    path = write_variant(tmp_path, 'day = { type = "date", nullable = false }',
+    path = write_variant(tmp_path, DAY,
                          'day = { type = "date", public_values = [2024-01-01, 2024-01-02] }')
     values = load_policy(path).tables["visits"].columns["day"].public_values
     assert values is not None

@@ -98,7 +98,8 @@ def test_to_char_keys_on_both_backends(engine: Engine) -> None:
 def test_to_char_of_a_public_range_is_enumerated(make_policy: Callable[..., Path]) -> None:
     """A date column with a public range: TO_CHAR's months are its public keys, every one
     released (zeros included), none through partition selection."""
-    policy = make_policy({'day = { type = "date", nullable = false }':
+    policy = make_policy({'day = { type = "date", lower = 2024-01-01, upper = 2024-12-31, '
+                          'nullable = false }':
                           'day = { type = "date", nullable = false, public_range = '
                           '{ first = "2024-01-01", last = "2024-12-31" } }'})
     with Engine.from_path(policy) as engine:

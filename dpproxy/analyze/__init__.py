@@ -26,6 +26,7 @@ Nothing here touches data; the result says exactly what will be measured.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
@@ -33,6 +34,7 @@ from fractions import Fraction
 
 from sqlglot import exp
 
+from ..clock import EPOCH
 from ..errors import (
     DatatypeMismatch,
     Error,
@@ -48,6 +50,7 @@ from ..parse import is_all_call
 from ..policy import AnalystPolicy, ColumnPolicy, Policy, TablePolicy
 from ..postprocess import (
     OUTPUT_FUNCTIONS_HELP,
+    AggregateRef,
     OrderItem,
     WindowRef,
     check_output_expression,
@@ -68,6 +71,7 @@ from .expressions import (
     ExprType,
     Resolver,
     coerce_literals,
+    date_bounds,
     make_resolver,
     type_row_expression,
 )
@@ -146,7 +150,8 @@ class Analysis:
         value_types = {}
         for agg in self.aggregates:
             stats = [self.statistics[i] for i in agg.statistics]
-            value_types[agg.sql] = "int8" if agg.rule.integer_result(stats) else "float8"
+            value_types[agg.sql] = agg.rule.value_type or (
+                "int8" if agg.rule.integer_result(stats) else "float8")
         key_types = {k.name: _PG_TYPES[k.column.type] for k in self.keys}
         for call in self.windows:
             argument_types = [infer_type(a, value_types, key_types) for a in call.arguments]
@@ -240,6 +245,7 @@ def analyze(select: exp.Expression, policy: Policy, analyst: AnalystPolicy
             hint="aggregate first, e.g. SUM(COUNT(*)) OVER () with GROUP BY")
     outputs, having, order, calls = _resolve_outputs(select, keys, aggregates, resolve,
                                                      window_nodes)
+    _check_date_values(aggregates, outputs, having, order, calls)
     limit, offset = _limit_offset(select)
     analysis = Analysis(table, where, keys, statistics, aggregates, outputs, having, order,
                         limit, offset, statement, joins, calls)
@@ -668,6 +674,49 @@ def _quantile_parts(node: exp.AggFunc) -> tuple[str, exp.Expression | None]:
     return node.key.lower(), arg
 
 
+def _check_date_values(aggregates: Sequence[AggregateCall], outputs: Sequence[Output],
+                       having: exp.Expression | None, order: Sequence[OrderItem],
+                       calls: Sequence[WindowCall]) -> None:
+    """A date's quantile (MIN(day), …) is an output or ORDER BY item of its own: the
+    post-processing of outputs computes with numbers, not dates."""
+    dated = {a.sql for a in aggregates if a.rule.value_type == "date"}
+    if not dated:
+        return
+    places = [o.expression for o in outputs if o.aggregate is None]
+    places += [having] if having is not None else []
+    places += [i.expression for i in order if not isinstance(i.expression, AggregateRef)]
+    places += [part for call in calls for part in (*call.arguments, *call.partition,
+                                                  *(i.expression for i in call.order))]
+    for place in places:
+        used = next((r.this for r in place.find_all(AggregateRef) if r.this in dated), None)
+        if used is not None:
+            raise NotSupportedError(
+                f"{used} is a date: it can be an output or an ORDER BY item on its own, "
+                "not part of an expression, HAVING or a window",
+                hint="select the date itself and compute with it in the client")
+
+
+def _date_as_days(key: str, node: exp.AggFunc, arg: exp.Expression, resolve: Resolver
+                  ) -> tuple[exp.Expression, ExprType]:
+    """A quantile's date argument as its day number, `arg - DATE '1970-01-01'`, typed
+    with the date's bounds (`date_bounds`); refused where it has none."""
+    lower, upper = date_bounds(arg, resolve)
+    if not (math.isfinite(lower) and math.isfinite(upper)):
+        text = arg.sql("postgres")
+        clamped = f"LEAST(GREATEST({text}, DATE '2024-01-01'), DATE '2024-12-31')"
+        example = (f"PERCENTILE_CONT({node.expression.sql('postgres')}) WITHIN GROUP "
+                   f"(ORDER BY {clamped})" if isinstance(node, exp.PercentileCont)
+                   else f"{node.sql_name()}({clamped})")
+        raise PrivacyViolation(
+            f"{key}: no bound is known for the dates of {text}, so the answer could be any "
+            "date", hint=f"clamp them to a range you choose, e.g. {example}, or declare "
+                         "lower and upper dates (or a public_range) for the column in the "
+                         "policy")
+    days = exp.Sub(this=arg.copy(), expression=exp.cast(exp.Literal.string(
+        EPOCH.isoformat()), "DATE"))
+    return days, ExprType("num", lower, upper, integer=True)
+
+
 def _quantile_of(node: exp.Expression) -> Fraction:
     return _quantile_literal(node.args["expression"], "PERCENTILE_CONT")
 
@@ -720,6 +769,9 @@ def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolve
             bounds = None
             if arg is not None:
                 arg_type = type_row_expression(arg, resolve)
+                if rule.exponential and arg_type.kind == "date":
+                    arg, arg_type = _date_as_days(key, node, arg, resolve)
+                    rule = replace(rule, value_type="date")
                 if rule_name in ("sum", "avg") or rule_name in VARIANCE_RULES \
                         or rule.exponential:
                     name = node.sql_name() if rule.exponential else rule_name.upper()

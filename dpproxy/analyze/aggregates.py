@@ -128,6 +128,9 @@ class AggregateRule:
     # statistics' half-widths and n -> a first-order half-width of the value in a group of
     # n rows (EXPLAIN's expected error; the released interval is the rigorous one).
     error_at: Callable[[Values, Stats, float], float] | None = None
+    # "date": a quantile of a date measured as its day number (days since 1970-01-01),
+    # released as the date (PostgreSQL type date); None: a number (int8 or float8)
+    value_type: str | None = None
 
     @property
     def releases_its_statistic(self) -> bool:

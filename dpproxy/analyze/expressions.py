@@ -19,6 +19,7 @@ value bounds from the policy's column metadata.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -26,7 +27,7 @@ from typing import Literal
 
 from sqlglot import exp
 
-from ..clock import DAYS, parse_date
+from ..clock import DAYS, constant_date, day_number, parse_date
 from ..errors import (
     DatatypeMismatch,
     GroupingError,
@@ -587,6 +588,33 @@ class _RowTyper:
             raise NotSupportedError("TO_CHAR takes a constant format such as 'YYYY-MM'")
         to_char.parse_format(to_char.format_of(node))
         return ExprType("text", nullable=True)
+
+
+# -- date bounds ---------------------------------------------------------------------------------
+def date_bounds(node: exp.Expression, resolve: Resolver) -> tuple[float, float]:
+    """Bounds of a date row expression's values as day numbers (`clock.day_number`), ±inf
+    where none is known: a date column's policy bounds (`lower`/`upper`, or the ends of
+    its `public_range`), a constant date, and LEAST/GREATEST of those (a clamp). NULLs are
+    skipped by LEAST and GREATEST, so a clamp bounds whatever it does not leave NULL."""
+    if isinstance(node, exp.Paren):
+        return date_bounds(node.this, resolve)
+    if isinstance(node, exp.Column):
+        column = resolve(node)
+        if column.type == "date" and column.lower is not None and column.upper is not None:
+            return column.lower, column.upper
+        if column.type == "date" and column.public_range is not None:
+            grid = column.public_range
+            return (float(day_number(dt.date.fromisoformat(str(grid.first)))),
+                    float(day_number(dt.date.fromisoformat(str(grid.last)))))
+        return -INF, INF
+    constant = constant_date(node)
+    if constant is not None:
+        return float(day_number(constant)), float(day_number(constant))
+    if isinstance(node, exp.Least | exp.Greatest):
+        parts = [date_bounds(a, resolve) for a in (node.this, *node.expressions)]
+        pick = min if isinstance(node, exp.Least) else max
+        return pick(lo for lo, _ in parts), pick(hi for _, hi in parts)
+    return -INF, INF
 
 
 # -- literal coercion ----------------------------------------------------------------------------

@@ -200,12 +200,30 @@ def _type_code(values: Sequence[Any]) -> str | None:
     return None
 
 
+def _python_values(result: Result) -> list[tuple[Any, ...]]:
+    """The result's rows as a PostgreSQL driver reads them: a date column's ISO text as a
+    datetime.date (psycopg does the same with dpproxy serve's date columns)."""
+    dated = [i for i, name in enumerate(result.types) if name == "date"]
+    if not dated:
+        return result.rows
+
+    def converted(row: tuple[Any, ...]) -> tuple[Any, ...]:
+        values = list(row)
+        for i in dated:
+            if isinstance(values[i], str):
+                values[i] = dt.date.fromisoformat(values[i])
+        return tuple(values)
+
+    return [converted(row) for row in result.rows]
+
+
 class Cursor:
     arraysize = 1
 
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
         self._result: Result | None = None
+        self._python_rows: list[tuple[Any, ...]] | None = None  # of _result, as fetched
         self._position = 0
         self._closed = False
 
@@ -256,6 +274,7 @@ class Cursor:
         if params is not None:
             sql = unescape_percent(sql)
         self._result = session.execute(sql, params)
+        self._python_rows = None
         self._position = 0
         return self
 
@@ -268,7 +287,9 @@ class Cursor:
         self._check()
         if self._result is None or not self._result.columns:
             raise ProgrammingError("no results to fetch: execute a query first")
-        return self._result.rows
+        if self._python_rows is None:
+            self._python_rows = _python_values(self._result)
+        return self._python_rows
 
     def fetchone(self) -> tuple[Any, ...] | None:
         rows = self._rows()

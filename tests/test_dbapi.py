@@ -12,6 +12,7 @@ the exact value with probability <= 1e-9 each (<= 1e-8 for the whole test).
 
 from __future__ import annotations
 
+import datetime as dt
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -510,3 +511,18 @@ def test_infinite_parameter_is_refused_or_answered(conn: dpproxy.Connection,
         assert budget_row(conn)["epsilon_spent"] == before
     else:
         assert abs(count - total) <= 1
+
+
+def test_date_columns_are_dates(conn: dpproxy.Connection) -> None:
+    """A date key and a date's quantile come as datetime.date, as psycopg reads the same
+    columns from `dpproxy serve`; `cursor.result` keeps the released ISO text."""
+    cur = conn.cursor()
+    cur.execute("SELECT DATE_TRUNC('month', day) AS month, MAX(day) AS last FROM visits "
+                "GROUP BY 1 ORDER BY 1")
+    assert cur.description is not None
+    assert [d[1] for d in cur.description] == ["date", "date"]
+    rows = cur.fetchall()
+    assert [r[0] for r in rows] == [dt.date(2024, m, 1) for m in range(1, 13)]
+    assert all(isinstance(last, dt.date) and dt.date(2024, 1, 1) <= last
+               <= dt.date(2024, 12, 31) for _, last in rows)
+    assert cur.result is not None and cur.result.rows[0][0] == "2024-01-01"

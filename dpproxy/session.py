@@ -339,12 +339,15 @@ class Engine:
         return _stamp(self._read.path) != self._stamp
 
     def refresh_analysts(self) -> None:
-        """Take the analysts added to or removed from the policy file since it was read
-        (`dpproxy analyst add|remove`, or their SQL over the wire), with their new ledger
-        accounts, and new `password_scram` verifiers (the only way to change a password
-        with a PostgreSQL ledger). Any other change to the file (an existing analyst's
-        tables, role or budget included) waits for a restart and is logged; so is a file
-        that no longer loads. One stat of the file when nothing changed."""
+        """Take the analysts of the policy file as it is now, if only its analysts changed:
+        those added (`dpproxy analyst add`, or its SQL over the wire) with their new ledger
+        accounts, those removed, new `password_scram` verifiers (the only way to change a
+        password with a PostgreSQL ledger), and an analyst's `tables` and `role`, which
+        apply from their next statement (a revoked table is refused from then on, repeats
+        included). A budget edited for an existing analyst is logged and left: the ledger
+        holds the live budget (`dpproxy budget set`). Any other change to the file waits
+        for a restart and is logged; so is a file that no longer loads. One stat of the
+        file when nothing changed."""
         stamp = _stamp(self._read.path)
         if stamp == self._stamp:
             return
@@ -359,25 +362,43 @@ class Engine:
                              "as it was", read.path.name, exc.message)
                 self._stamp = stamp
                 return
-            kept = set(read.analysts) & set(fresh.analysts)
-            if replace(fresh, analysts={}, version="") != replace(read, analysts={}, version="") \
-                    or any(replace(fresh.analysts[a], password_scram=None)
-                           != replace(read.analysts[a], password_scram=None) for a in kept):
-                _log.warning("policy %s changed beyond adding or removing analysts: restart "
-                             "to apply it", read.path.name)
+            if replace(fresh, analysts={}, version="") != replace(read, analysts={}, version=""):
+                _log.warning("policy %s changed beyond its analysts: restart to apply it",
+                             read.path.name)
                 self._stamp = stamp
                 return
-            added = [fresh.analysts[a] for a in fresh.analysts if a not in kept]
+            analysts = dict(fresh.analysts)
+            kept = set(read.analysts) & set(analysts)
+            for name in sorted(a for a in kept if analysts[a].budget != read.analysts[a].budget):
+                _log.warning("policy %s: the budget of analyst %s changed in the file; the "
+                             "ledger keeps the budget it holds (`dpproxy budget set` changes "
+                             "it)", read.path.name, name)
+                analysts[name] = replace(analysts[name], budget=read.analysts[name].budget)
+            regranted = [a for a in kept if (analysts[a].tables, analysts[a].role)
+                         != (read.analysts[a].tables, read.analysts[a].role)]
+            added = [analysts[a] for a in analysts if a not in kept]
             self.ledger.add_accounts({analyst_account(a.name): Cost(a.budget.epsilon,
                                                                     a.budget.delta)
                                       for a in added if a.budget is not None})
+            if regranted:
+                self._forget_grants(regranted)
             # the version (the key of stored answers) stays: no query reads the analysts
-            # list, nor a verifier, and each analyst's grants are unchanged
-            self._read = replace(read, analysts=fresh.analysts)
-            self.policy = replace(self.policy, analysts=fresh.analysts)
+            # list, nor a verifier; a repeat after a change of grants is analysed again
+            self._read = replace(read, analysts=analysts)
+            self.policy = replace(self.policy, analysts=analysts)
             self._stamp = stamp
-            _log.info("policy %s: analysts now %s", read.path.name,
-                      ", ".join(sorted(fresh.analysts)))
+            _log.info("policy %s: analysts now %s%s", read.path.name,
+                      ", ".join(sorted(analysts)),
+                      f"; new grants for {', '.join(sorted(regranted))}" if regranted else "")
+
+    def _forget_grants(self, analysts: Sequence[str]) -> None:
+        """Drop what lets a query skip analysis (and so the check of its tables): the
+        analysts' accepted shapes, and every text's output names (which let a repeat be
+        answered from the stored answers before it is analysed)."""
+        with self._lock:
+            for key in [k for k in self._shapes if k[0] in analysts]:
+                del self._shapes[key]
+            self._output_names.clear()
 
     def session(self, analyst: str, **options: Any) -> Session:
         return Session(self, self.policy.analyst(analyst), options)
@@ -462,6 +483,10 @@ class Session:
     def execute(self, sql: str, params: Parameters = None) -> Result:
         """Run one statement string; with several (session statements around at most one
         query), return the last statement's result."""
+        # the analyst's grants and role as the engine holds them now (`refresh_analysts`)
+        current = self.engine.policy.analysts.get(self.analyst.name)
+        if current is not None and current is not self.analyst:
+            self.analyst = current
         try:
             # a query is bound only if its parameters do not fill a known shape's slots
             statements = parse_statements(sql, params, bind=not SHAPE_CACHE)

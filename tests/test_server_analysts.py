@@ -113,6 +113,45 @@ def test_a_removed_analyst_is_cut_off(serve: ServeFactory) -> None:
     assert served.engine.ledger.status("analyst:bob").spent.epsilon > 0
 
 
+ALICE = ('budget = { epsilon = 10.0, delta = 1e-5 }\n'
+         'tables = ["adult", "visits", "occupation_groups"]')
+
+
+def test_grants_and_role_follow_the_policy_file(serve: ServeFactory,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    """Editing alice's tables in the policy file revokes visits from her open connection's
+    next statement: a new value of a prepared shape, and the exact repeat of an answered
+    query, are refused (42501) and charge nothing, while adult still answers. Granting it
+    back with role = "admin" lets the same connection run an admin command. A budget edited
+    in the file is logged and left: the ledger's budget stands."""
+    served = serve()
+    shape = "SELECT COUNT(*) FROM visits WHERE amount > %s"
+    with psycopg.connect(served.dsn(), autocommit=True) as alice:
+        alice.execute(shape, [10], prepare=True).fetchall()
+        alice.execute("SELECT COUNT(*) FROM visits").fetchall()
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            alice.execute(ADD_BOB)
+        text = served.policy_path.read_text()
+        assert ALICE in text
+        served.policy_path.write_text(text.replace(ALICE, ALICE.replace(
+            "10.0", "50.0").replace('"visits", ', "")))
+        spent = served.spent()
+        for sql, params in ((shape, [20]), ("SELECT COUNT(*) FROM visits", None)):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege) as refused:
+                alice.execute(sql, params, prepare=params is not None)
+            assert "visits" in str(refused.value)
+        assert served.spent() == spent
+        alice.execute("SELECT COUNT(*) FROM adult").fetchall()
+        assert served.spent() > spent
+        assert served.engine.ledger.status("analyst:alice").budget.epsilon == 10.0
+        assert "the budget of analyst alice changed in the file" in caplog.text
+
+        served.policy_path.write_text(text.replace(ALICE, f'{ALICE}\nrole = "admin"'))
+        alice.execute(shape, [30], prepare=True).fetchall()
+        (row,) = alice.execute(ADD_BOB).fetchall()
+        assert row[0] == "analyst:bob"
+
+
 def test_concurrent_adds_are_all_kept(serve: ServeFactory) -> None:
     """16 admin connections adding 3 analysts each at once: all 48 are in the policy file
     and served (each edit reads, checks and replaces the file under the folder's lock)."""

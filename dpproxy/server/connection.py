@@ -736,11 +736,14 @@ class ClientConnection:
             await self._call(engine.refresh_analysts)
 
     async def _still_an_analyst(self) -> None:
-        """Before a statement: the connection ends once its analyst left the policy."""
+        """Before a statement: the connection ends once its analyst left the policy, and
+        takes a changed role (the session takes changed grants itself)."""
         await self._refresh_analysts()
-        if self.user not in self.server.engine.policy.analysts:
+        analyst = self.server.engine.policy.analysts.get(self.user)
+        if analyst is None:
             raise FatalError("28000", f"terminating connection: analyst \"{self.user}\" was "
                              "removed from the policy")
+        self._role = analyst.role
 
     async def _serve(self) -> None:
         while True:

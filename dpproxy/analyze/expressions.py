@@ -669,6 +669,11 @@ def coerce_literals(node: exp.Expression, columns: Mapping[str, ColumnPolicy] | 
         return typer.visit(n).kind
 
     def swap(n: exp.Expression) -> exp.Expression:
+        if isinstance(n, exp.Cast) and not isinstance(n, exp.TryCast) \
+                and _is_text_literal(n.this) and n.to.this in _DATE_TYPES:
+            # DATE '…' as PostgreSQL reads it, in the one form both backends read alike
+            # (DuckDB's TRY_CAST would make '20240601' or '2024-06-01 +00' NULL)
+            return _typed_literal(n.this, "date")
         pairs: list[tuple[str, exp.Expression]] = []
         if isinstance(n, _COERCING):
             for mine, other in (("this", n.expression), ("expression", n.this)):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -200,18 +200,23 @@ def _type_code(values: Sequence[Any]) -> str | None:
     return None
 
 
+_READERS: dict[str, Callable[[str], Any]] = {"date": dt.date.fromisoformat,
+                                             "timestamp": dt.datetime.fromisoformat}
+
+
 def _python_values(result: Result) -> list[tuple[Any, ...]]:
-    """The result's rows as a PostgreSQL driver reads them: a date column's ISO text as a
-    datetime.date (psycopg does the same with dpproxy serve's date columns)."""
-    dated = [i for i, name in enumerate(result.types) if name == "date"]
-    if not dated:
+    """The result's rows as a PostgreSQL driver reads them: a date or timestamp column's
+    ISO text as a datetime.date or datetime.datetime (psycopg does the same with dpproxy
+    serve's columns)."""
+    read = [(i, _READERS[name]) for i, name in enumerate(result.types) if name in _READERS]
+    if not read:
         return result.rows
 
     def converted(row: tuple[Any, ...]) -> tuple[Any, ...]:
         values = list(row)
-        for i in dated:
+        for i, reader in read:
             if isinstance(values[i], str):
-                values[i] = dt.date.fromisoformat(values[i])
+                values[i] = reader(values[i])
         return tuple(values)
 
     return [converted(row) for row in result.rows]

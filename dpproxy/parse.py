@@ -44,6 +44,7 @@ from .errors import (
     ProgrammingError,
     SyntaxError,
 )
+from .postprocess import output_name
 
 DIALECT = "postgres"
 StatementKind = Literal["select", "explain", "set", "reset", "show", "transaction", "noop"]
@@ -202,7 +203,19 @@ def bind_statement(statement: Statement) -> exp.Expression:
     constant date arithmetic folded in (`dpproxy.clock`)."""
     assert statement.template is not None
     tree = bind_parameters(statement.template, statement.params, copy=True)
-    return fold(tree, statement.clock) if statement.folds else tree
+    if not statement.folds:
+        return tree
+    # an output keeps the name it was written with (`SELECT CURRENT_DATE` is current_date,
+    # not the constant it folds to)
+    items = tree.expressions if isinstance(tree, exp.Select) else []
+    names = [None if isinstance(i, exp.Alias) else output_name(i) for i in items]
+    tree = fold(tree, statement.clock)
+    if isinstance(tree, exp.Select) and names:
+        tree.set("expressions", [
+            exp.alias_(item, name, quoted=True) if name is not None and name != "?column?"
+            and output_name(item) != name else item
+            for item, name in zip(tree.expressions, names, strict=True)])
+    return tree
 
 
 def placeholder_count(template: exp.Expression) -> int:

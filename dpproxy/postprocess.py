@@ -16,6 +16,7 @@ division by zero gives NULL, as the rewrite does for row expressions.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from typing import Any, ClassVar
 
 from sqlglot import exp
 
+from .clock import parse_date
 from .errors import InvalidTextRepresentation, NotSupportedError
 
 OUTPUT_FUNCTIONS_HELP = (
@@ -107,9 +109,13 @@ def output_name(item: exp.Expression) -> str:
     return "?column?"
 
 
-def check_output_expression(node: exp.Expression, check_key: Callable[[exp.Column], None]
-                            ) -> None:
-    """Reject anything the evaluator cannot compute; columns must pass `check_key`."""
+def check_output_expression(node: exp.Expression, check_key: Callable[[exp.Column], None],
+                            whole_output: bool = False) -> None:
+    """Reject anything the evaluator cannot compute; columns must pass `check_key`.
+    `whole_output`: `node` is an output column's whole expression, which may be a constant
+    date or timestamp (`SELECT now()`, `CURRENT_DATE AS as_of`, as `clock` folds them)."""
+    if whole_output and constant_moment(node) is not None:
+        return
     if isinstance(node, exp.AggFunc | WindowRef):
         return  # measured by the plan, or computed over its rows (windows); a leaf here
     if isinstance(node, exp.Column):
@@ -140,6 +146,28 @@ def check_output_expression(node: exp.Expression, check_key: Callable[[exp.Colum
         if isinstance(child, exp.DataType | exp.Var):
             continue
         check_output_expression(child, check_key)
+
+
+def constant_moment(node: exp.Expression) -> tuple[str, str] | None:
+    """("date" or "timestamp", its ISO text) of a constant CAST('…' AS DATE / TIMESTAMP),
+    as outputs release them; None for anything else. An invalid text is refused (22P02)."""
+    if not (isinstance(node, exp.Cast) and isinstance(node.this, exp.Literal)
+            and node.this.is_string and node.to.this in _MOMENT_TYPES):
+        return None
+    kind, text = _MOMENT_TYPES[node.to.this], node.this.this
+    try:
+        if kind == "date":
+            return kind, parse_date(text).isoformat()
+        moment = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise InvalidTextRepresentation(
+            f"invalid input syntax for type {kind}: {text!r}") from None
+    if moment.tzinfo is not None:
+        return None  # a timestamp with a zone: not a value dpproxy releases
+    return kind, moment.isoformat(sep=" ")
+
+
+_MOMENT_TYPES = {exp.DataType.Type.DATE: "date", exp.DataType.Type.TIMESTAMP: "timestamp"}
 
 
 def evaluate(node: exp.Expression, aggregates: Mapping[str, Value], keys: Mapping[str, Value]
@@ -387,6 +415,9 @@ def _greatest(node: exp.Greatest, env: Env) -> Value:
 
 
 def _cast(node: exp.Cast, env: Env) -> Value:
+    moment = constant_moment(node)
+    if moment is not None:
+        return moment[1]
     value = _ev(node.this, env)
     if value is None:
         return None
@@ -481,7 +512,8 @@ def infer_type(node: exp.Expression, aggregate_types: Mapping[str, str],
         if isinstance(n, (exp.Boolean, *_BOOL_NODES)):
             return "bool"
         if isinstance(n, exp.Cast):
-            return _CAST_TYPES.get(n.to.this, "text")
+            moment = constant_moment(n)
+            return moment[0] if moment is not None else _CAST_TYPES.get(n.to.this, "text")
         if isinstance(n, exp.Add | exp.Sub | exp.Mul | exp.Div | exp.Mod):
             both = {infer(n.this), infer(n.expression)}
             return "int8" if both == {"int8"} else "float8"

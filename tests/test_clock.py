@@ -199,3 +199,38 @@ def test_dashboard_filters_over_the_wire(serve: ServeFactory) -> None:
     for got, same, spent, after in answers:
         assert got == same  # the stored answer of the same query: the clock was read
         assert after == spent
+
+
+def test_the_clock_itself_over_the_wire(serve: ServeFactory) -> None:
+    """`SELECT now()` and `SELECT CURRENT_DATE`, as tools send to check a connection, and a
+    constant date beside an aggregate: timestamp (OID 1114) and date (1082) columns named
+    as PostgreSQL names them, at the statement's UTC clock, free; a constant date inside
+    an expression, or an invalid one, is refused."""
+    served = serve()
+    with psycopg.connect(served.dsn(), autocommit=True) as conn:
+        before = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+        cur = conn.execute("SELECT now(), CURRENT_DATE, LOCALTIMESTAMP AS local")
+        (moment, day, local), = cur.fetchall()
+        after = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+        assert cur.description is not None
+        assert [(c.name, c.type_code) for c in cur.description] == [
+            ("current_timestamp", 1114), ("current_date", 1082), ("local", 1114)]
+        assert before <= moment == local <= after and day == moment.date()
+        assert served.spent() == 0
+        cur = conn.execute("SELECT COUNT(*), CURRENT_DATE AS as_of FROM adult")
+        assert cur.description is not None and cur.description[1].type_code == 1082
+        assert cur.fetchone()[1] in (day, day + dt.timedelta(days=1))  # (midnight between)
+        for sql, sqlstate in (("SELECT CASE WHEN true THEN CURRENT_DATE END", "0A000"),
+                              ("SELECT DATE '2024-13-01'", "22P02")):
+            with pytest.raises(psycopg.Error) as refused:
+                conn.execute(sql)
+            assert refused.value.sqlstate == sqlstate
+
+
+def test_the_clock_through_the_dbapi(engine: Engine) -> None:
+    """In process, the same columns come as datetime.datetime and datetime.date."""
+    import dpproxy
+
+    with dpproxy.connect(engine.policy.path, analyst="alice") as conn:
+        (moment, day), = conn.execute("SELECT now(), CURRENT_DATE").fetchall()
+    assert isinstance(moment, dt.datetime) and day == moment.date()

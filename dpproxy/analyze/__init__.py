@@ -281,7 +281,7 @@ def _constant_query(select: exp.Select, statement: str) -> ConstantQuery:
         body = item.this if isinstance(item, exp.Alias) else item
         if body.find(exp.Column, exp.AggFunc):
             raise ProgrammingError(f"{body.sql('postgres')} needs a FROM clause")
-        check_output_expression(body, lambda node: None)
+        check_output_expression(body, lambda node: None, whole_output=True)
         outputs.append(Output(output_name(item), body, None, None))
     return ConstantQuery(tuple(outputs), statement)
 
@@ -851,7 +851,7 @@ def _resolve_outputs(select: exp.Select, keys: tuple[GroupKey, ...],
                                    hint="select aggregates, e.g. SELECT COUNT(*) FROM …")
         body = item.this if isinstance(item, exp.Alias) else item
         body = _key_expressions(body, keys, resolve)
-        check_output_expression(body, check_key)
+        check_output_expression(body, check_key, whole_output=True)
         key_index = None
         if isinstance(body, exp.Column):
             key_index = key_names.index(body.name if body.name in expression_keys

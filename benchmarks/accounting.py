@@ -11,14 +11,14 @@ Budget (ε = 1, δ = 1e-6), 100 Gaussian COUNT queries (L2 sensitivity 1):
 Then, for several per-query σ, how many queries the budget buys under each, counted
 by charging a real ledger until it refuses.
 
-    python benchmarks/accounting.py
+    python benchmarks/accounting.py [--out DIR]
 
 Writes benchmarks/results/accounting.json and accounting.md (quoted by the README).
 """
 
 from __future__ import annotations
 
-import json
+import argparse
 import math
 import sys
 import tempfile
@@ -38,9 +38,8 @@ from dpproxy.mechanisms import (  # noqa: E402
 )
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from overhead import quote_in_readme  # noqa: E402
+from overhead import add_out_argument, publish  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
 EPSILON, DELTA, QUERIES = 1.0, 1e-6, 100
 PER_QUERY_DELTA = DELTA / QUERIES  # what basic composition gives each query
 
@@ -82,6 +81,9 @@ def count_charges(ledger_path: Path, accounting: str, loss: Loss, cap: int = 100
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_out_argument(parser)
+    args = parser.parse_args()
     per_query_epsilon = EPSILON / QUERIES
     basic = {
         "analytic": gaussian_sigma(1.0, per_query_epsilon, PER_QUERY_DELTA),
@@ -101,8 +103,6 @@ def main() -> None:
             })
     results = {"budget": {"epsilon": EPSILON, "delta": DELTA}, "queries": QUERIES,
                "basic_sigma": basic, "zcdp_sigma": zcdp_sigma, "queries_bought": rows}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "accounting.json").write_text(json.dumps(results, indent=2) + "\n")
     lines = [
         f"Budget ε = {EPSILON:g}, δ = {DELTA:g}; Gaussian COUNT queries (L2 sensitivity 1).",
         "",
@@ -116,8 +116,7 @@ def main() -> None:
     lines += [f"| {r['sigma']:.2f} | {r['per_query_epsilon']:.4f} | {r['basic']} | {r['zcdp']} |"
               for r in rows]
     table = "\n".join(lines) + "\n"
-    (RESULTS / "accounting.md").write_text(table)
-    quote_in_readme("accounting", table)
+    publish("accounting", args.out, results, table)
     print(table)
 
 

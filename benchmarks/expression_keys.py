@@ -10,7 +10,7 @@ adult.age and visits.day, interleaved in one run so both sides see the same mach
 2. End to end through a session (charge, backend, noise, release) against the exact
    query run directly on DuckDB.
 
-    python benchmarks/expression_keys.py [--repeat 20]
+    python benchmarks/expression_keys.py [--repeat 20] [--out DIR]
 
 Writes benchmarks/results/expression_keys.json and expression_keys.md (quoted by the
 README).
@@ -19,7 +19,6 @@ README).
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import sys
@@ -43,9 +42,8 @@ from dpproxy.rewrite import rewrite  # noqa: E402
 from dpproxy.session import Engine  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from overhead import quote_in_readme  # noqa: E402
+from overhead import add_out_argument, publish  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
 # (name, DP query, the exact query it estimates)
 QUERIES = [
     ("column key (sex)", "SELECT sex, COUNT(*) FROM adult GROUP BY sex",
@@ -96,6 +94,7 @@ def seconds(run: Callable[[], object]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=20)
+    add_out_argument(parser)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -135,9 +134,6 @@ def main() -> None:
             "exact_ms": statistics.median(exact_time[name]) * 1e3,
             "ratio": statistics.median(end_to_end[name]) / statistics.median(exact_time[name]),
         })
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "expression_keys.json").write_text(json.dumps(
-        {"repeat": args.repeat, "rows": rows}, indent=2) + "\n")
     lines = ["| query | analyze+plan+rewrite, first (ms) | same, later (ms, median) | "
              "DP end to end (ms) | exact on DuckDB (ms) | DP ÷ exact |",
              "|---|---:|---:|---:|---:|---:|"]
@@ -146,10 +142,9 @@ def main() -> None:
                      f"{r['analyze_plan_rewrite_ms']:.1f} | {r['dp_ms']:.1f} | "
                      f"{r['exact_ms']:.1f} | {r['ratio']:.1f} |")
     table = "\n".join(lines) + "\n"
-    (RESULTS / "expression_keys.md").write_text(
-        f"Demo database, medians of {args.repeat} interleaved runs "
-        "(`python benchmarks/expression_keys.py`).\n\n" + table)
-    quote_in_readme("expression_keys", table)
+    publish("expression_keys", args.out, {"repeat": args.repeat, "rows": rows},
+            f"Demo database, medians of {args.repeat} interleaved runs "
+            "(`python benchmarks/expression_keys.py`).\n\n" + table, quoted=table)
     print(table)
 
 

@@ -9,7 +9,7 @@ backend's exact-aggregate path (no noise, no cache), interleaved with the other 
 its group so all see the same machine load; the median over --repeat runs is reported and
 divided by the time of the same statement without a join (GROUP BY occupation).
 
-    python benchmarks/joins.py [--rows 2000000] [--repeat 5]
+    python benchmarks/joins.py [--rows 2000000] [--repeat 5] [--out DIR]
 
 Writes benchmarks/results/joins.json and joins.md (quoted by the README).
 """
@@ -17,7 +17,6 @@ Writes benchmarks/results/joins.json and joins.md (quoted by the README).
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -38,9 +37,8 @@ from dpproxy.policy import Policy, load_policy  # noqa: E402
 from dpproxy.rewrite import Rewritten, rewrite  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from overhead import OCCUPATIONS, quote_in_readme  # noqa: E402
+from overhead import OCCUPATIONS, add_out_argument, publish  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
 COLLARS = ["white", "white", "blue", "white", "service", "white", "blue", "blue", "blue",
            "blue", "white", "service", "military", "service"]
 
@@ -122,6 +120,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--repeat", type=int, default=5)
+    add_out_argument(parser)
     args = parser.parse_args()
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -149,11 +148,8 @@ def main() -> None:
 
 
 def write(results: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
-    RESULTS.mkdir(exist_ok=True)
     meta = {"rows": args.rows, "repeat": args.repeat, "duckdb": duckdb.__version__,
             "python": platform.python_version()}
-    (RESULTS / "joins.json").write_text(json.dumps({"meta": meta, "results": results},
-                                                   indent=2) + "\n")
     baseline = QUERIES[0][0]
     lines = [f"Synthetic table: {args.rows:,} rows (user-level: ~{int(args.rows * 0.3):,} "
              f"units, ≤ 5 rows each); exact aggregates of the rewritten statement on DuckDB "
@@ -165,8 +161,7 @@ def write(results: dict[str, dict[str, float]], args: argparse.Namespace) -> Non
         lines.append(f"| {name} | {row[name]:.1f} | {row[name] / row[baseline]:.2f}× | "
                      f"{user[name]:.1f} | {user[name] / user[baseline]:.2f}× |")
     text = "\n".join(lines) + "\n"
-    (RESULTS / "joins.md").write_text(text)
-    quote_in_readme("joins", text)
+    publish("joins", args.out, {"meta": meta, "results": results}, text)
     print(text)
 
 

@@ -13,6 +13,7 @@
 
     python benchmarks/overhead.py [--rows 10000000] [--repeat 5] [--pg-rows 1000000]
                                   [--pg-dsn postgresql://postgres@127.0.0.1:5432/postgres]
+                                  [--out DIR]
 
 Writes benchmarks/results/overhead.json and overhead.md (quoted by the README).
 """
@@ -290,8 +291,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--pg-rows", type=int, default=1_000_000)
     parser.add_argument("--pg-dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    add_out_argument(parser)
     args = parser.parse_args()
-    RESULTS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "bench.duckdb"
         print(f"building {args.rows:,} rows …", file=sys.stderr)
@@ -316,7 +317,6 @@ def main() -> None:
         postgres = postgres_end_to_end(args.pg_dsn, args.pg_rows, args.repeat, Path(tmp))
         if postgres is not None:
             results["postgres"] = postgres
-    (RESULTS / "overhead.json").write_text(json.dumps(results, indent=2) + "\n")
     lines = [
         f"Synthetic table: {args.rows:,} rows, ~{int(args.rows * 0.3):,} privacy units; "
         f"median of {args.repeat} interleaved runs; DuckDB {duckdb.__version__}, "
@@ -362,8 +362,7 @@ def main() -> None:
         lines.append(f"| {int(size):,} | {row['below_threshold']:.0%} | {row['whole_ms']:.2f} "
                      f"| {row['reaching_ms']:.2f} | {row['ratio']:.2f}× |")
     table = "\n".join(lines) + "\n"
-    (RESULTS / "overhead.md").write_text(table)
-    quote_in_readme("overhead", table)
+    publish("overhead", args.out, results, table)
     print(table)
 
 
@@ -394,6 +393,23 @@ def postgres_end_to_end(dsn: str, rows: int, repeat: int, tmp: Path,
     finally:
         drop_pg_schema(dsn)
     return out
+
+
+def add_out_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=RESULTS,
+                        help="folder for the JSON and Markdown results (default "
+                             "benchmarks/results, whose Markdown the README quotes)")
+
+
+def publish(name: str, out: Path, data: object, markdown: str,
+            quoted: str | None = None) -> None:
+    """<name>.json and <name>.md into `out`; the README quotes `quoted` (by default the
+    Markdown) only when `out` is benchmarks/results, so a smoke run leaves it alone."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
+    (out / f"{name}.md").write_text(markdown)
+    if out.resolve() == RESULTS.resolve():
+        quote_in_readme(name, markdown if quoted is None else quoted)
 
 
 def quote_in_readme(name: str, text: str) -> None:

@@ -13,7 +13,7 @@
 3. The sampler alone: µs per draw on 1,024 bins.
 
     python benchmarks/quantiles.py [--rows 1000000] [--repeat 5] [--draws 2000]
-                                   [--pg-rows 200000] [--pg-dsn postgresql://…]
+                                   [--pg-rows 200000] [--pg-dsn postgresql://…] [--out DIR]
 
 Writes benchmarks/results/quantiles.json and quantiles.md (quoted by the README).
 """
@@ -21,7 +21,6 @@ Writes benchmarks/results/quantiles.json and quantiles.md (quoted by the README)
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -38,10 +37,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from overhead import (  # noqa: E402
+    add_out_argument,
     build_table,
     policy_text,
     postgres_end_to_end,
-    quote_in_readme,
+    publish,
 )
 
 from dpproxy.analyze import analyze  # noqa: E402
@@ -58,7 +58,6 @@ from dpproxy.quantiles import (  # noqa: E402
 from dpproxy.rewrite import rewrite  # noqa: E402
 from dpproxy.session import Engine  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
 # (name, DP query, the same column's AVG through dpproxy, the exact query)
 QUERIES = [
     ("median", "SELECT MEDIAN(income) FROM t", "SELECT AVG(income) FROM t",
@@ -186,6 +185,7 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=2000)
     parser.add_argument("--pg-rows", type=int, default=200_000)
     parser.add_argument("--pg-dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    add_out_argument(parser)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -205,9 +205,6 @@ def main() -> None:
                 results["sampler_us"] = sampler_us(path)
         results["postgres"] = postgres_end_to_end(args.pg_dsn, args.pg_rows, args.repeat, tmp,
                                                   speed)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "quantiles.json").write_text(json.dumps(results, indent=2) + "\n")
-
     lines = [f"Synthetic table of `overhead.py`: {args.rows:,} rows, ~{int(args.rows * 0.3):,} "
              f"privacy units; median of {args.repeat} interleaved runs; DuckDB "
              f"{results['duckdb']}, Python {results['python']}.", "",
@@ -229,8 +226,7 @@ def main() -> None:
     sampler = ", ".join(f"ε={e}: {us:.0f} µs" for e, us in results["sampler_us"].items())
     lines += ["", f"Sampler alone, 1,024 bins: {sampler} per draw.", ""]
     text = "\n".join(lines)
-    (RESULTS / "quantiles.md").write_text(text)
-    quote_in_readme("quantiles", text)
+    publish("quantiles", args.out, results, text)
     print(text)
 
 

@@ -14,6 +14,7 @@
     python benchmarks/variance.py [--rows 2000000] [--repeat 5] [--pg-rows 300000]
                                   [--releases 200]
                                   [--pg-dsn postgresql://postgres@127.0.0.1:5432/postgres]
+                                  [--out DIR]
 
 Writes benchmarks/results/variance.json and variance.md (quoted by the README).
 """
@@ -21,7 +22,6 @@ Writes benchmarks/results/variance.json and variance.md (quoted by the README).
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -122,8 +122,8 @@ def main() -> None:
     parser.add_argument("--pg-rows", type=int, default=300_000)
     parser.add_argument("--releases", type=int, default=200)
     parser.add_argument("--pg-dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    overhead.add_out_argument(parser)
     args = parser.parse_args()
-    overhead.RESULTS.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"rows": args.rows, "pg_rows": args.pg_rows,
                                "repeat": args.repeat, "releases": args.releases,
                                "python": platform.python_version(),
@@ -156,10 +156,8 @@ def main() -> None:
                 results["postgres"] = str(server).split()[0]
             finally:
                 overhead.drop_pg_schema(args.pg_dsn)
-    (overhead.RESULTS / "variance.json").write_text(json.dumps(results, indent=2) + "\n")
     table = render(results, args)
-    (overhead.RESULTS / "variance.md").write_text(table)
-    overhead.quote_in_readme("variance", table)
+    overhead.publish("variance", args.out, results, table)
     print(table)
 
 

@@ -90,3 +90,37 @@ def test_throughput_runs_briefly(tmp_path: Path) -> None:
                                                                 "shared scans on"]
     rows = results["wire"] + results["in_process"] + results["ab"] + results["ab_one_shape"]
     assert all(r["queries"] > 0 and r["failures"] == 0 for r in rows)
+
+
+# The other scripts, each at the smallest size that runs every part of it (PostgreSQL in a
+# scratch database): (script, arguments, what its JSON must hold, a line of its table)
+SMALL_RUNS = [
+    ("overhead.py", ["--rows", "3000", "--repeat", "1", "--pg-rows", "3000"],
+     {"row_level", "user_level", "proxy_overhead_ms", "selection_noise", "postgres"},
+     "| group_avg |"),
+    ("quantiles.py", ["--rows", "3000", "--repeat", "1", "--draws", "20", "--pg-rows", "3000"],
+     {"row_level", "user_level", "accuracy", "sampler_us", "postgres"}, "| median |"),
+    ("variance.py", ["--rows", "3000", "--repeat", "1", "--pg-rows", "3000",
+                     "--releases", "5"], {"duckdb_time", "split_accuracy", "postgres_time"},
+     "|"),
+    ("joins.py", ["--rows", "3000", "--repeat", "1"], {"meta", "results"}, "| query |"),
+    ("expression_keys.py", ["--repeat", "1"], {"repeat", "rows"}, "| query |"),
+    ("accounting.py", [], {"queries_bought", "zcdp_sigma"}, "| σ per query |"),
+]
+
+
+@pytest.mark.parametrize(("script", "args", "keys", "line"),
+                         [pytest.param(*run_, id=run_[0]) for run_ in SMALL_RUNS])
+def test_benchmark_runs_on_tiny_data(tmp_path: Path, scratch_pg: str, script: str,
+                                     args: list[str], keys: set[str], line: str) -> None:
+    """Every part runs (PostgreSQL too, where the script has it) and writes its JSON and
+    Markdown into --out; the README, which quotes the published results, is left alone."""
+    readme = (ROOT / "README.md").read_text()
+    name = script.removesuffix(".py")
+    pg = ["--pg-dsn", scratch_pg] if "--pg-rows" in args else []
+    stdout = run(script, *args, *pg, "--out", str(tmp_path))
+    results = json.loads((tmp_path / f"{name}.json").read_text())
+    assert keys <= set(results), sorted(results)
+    table = (tmp_path / f"{name}.md").read_text()
+    assert line in table and line in stdout
+    assert (ROOT / "README.md").read_text() == readme

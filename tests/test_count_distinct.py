@@ -17,11 +17,11 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from dpproxy import errors
 from dpproxy.session import Engine
 
 from .conftest import PolicyFactory
 from .exact import read_directly
+from .refusals import assert_refused
 from .test_server_support import ServeFactory
 
 BACKENDS = ("duckdb", "postgres")
@@ -97,11 +97,6 @@ def test_table_without_a_privacy_unit_counts_rows_distinct(make_policy: PolicyFa
      "privacy unit"),
     ("SELECT SUM(DISTINCT age) FROM adult", "0A000", "SUM(DISTINCT"),
 ])
-def test_refusals_charge_nothing(make_policy: PolicyFactory, sql: str, sqlstate: str,
-                                 words: str) -> None:
-    with Engine.from_path(make_policy()) as engine:
-        with pytest.raises(errors.Error) as caught:
-            engine.session("alice").execute(sql)
-        assert caught.value.sqlstate == sqlstate
-        assert words in str(caught.value) + str(caught.value.hint or "")
-        assert engine.ledger.status("analyst:alice").spent.epsilon == 0
+def test_refusals_charge_nothing(engine: Engine, sql: str, sqlstate: str, words: str
+                                 ) -> None:
+    assert_refused(engine, sql, sqlstate, words)

@@ -19,10 +19,10 @@ import datetime as dt
 import psycopg
 import pytest
 
-from dpproxy import errors
 from dpproxy.session import Engine
 
 from .conftest import PolicyFactory
+from .refusals import assert_refused
 from .test_server_support import ServeFactory
 
 BACKENDS = ("duckdb", "postgres")
@@ -91,11 +91,6 @@ def test_explain_shows_the_bounds_as_dates(make_policy: PolicyFactory) -> None:
      "0A000", "is a date"),
     ("SELECT SUM(day) FROM visits", "42804", "needs a number"),
 ])
-def test_refusals_charge_nothing(make_policy: PolicyFactory, sql: str, sqlstate: str,
-                                 words: str) -> None:
-    with Engine.from_path(make_policy()) as engine:
-        with pytest.raises(errors.Error) as caught:
-            engine.session("alice").execute(sql)
-        assert caught.value.sqlstate == sqlstate
-        assert words in str(caught.value) + str(caught.value.hint or "")
-        assert engine.ledger.status("analyst:alice").spent.epsilon == 0
+def test_refusals_charge_nothing(engine: Engine, sql: str, sqlstate: str, words: str
+                                 ) -> None:
+    assert_refused(engine, sql, sqlstate, words)

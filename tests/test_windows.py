@@ -13,11 +13,11 @@ import psycopg
 import pytest
 import sqlglot
 
-from dpproxy import errors
 from dpproxy.postprocess import Value, evaluate
 from dpproxy.session import Engine
 from dpproxy.windows import compute, describe, extract
 
+from .refusals import assert_refused
 from .test_server_support import ServeFactory
 
 # the engine-backed tests run on both backends, loaded with the same demo rows
@@ -251,11 +251,7 @@ REFUSED = [
 
 @pytest.mark.parametrize(("sql", "sqlstate"), REFUSED)
 def test_refused_before_anything_is_charged(engine: Engine, sql: str, sqlstate: str) -> None:
-    alice = engine.session("alice", epsilon=1.0)
-    with pytest.raises(errors.Error) as raised:
-        alice.execute(sql)
-    assert raised.value.sqlstate == sqlstate, str(raised.value)
-    assert engine.ledger.status("analyst:alice").spent.epsilon == 0
+    assert_refused(engine, sql, sqlstate)
 
 
 def test_explain_names_each_window_as_free(engine: Engine) -> None:

@@ -1452,6 +1452,9 @@ class _ToDuckDB:
         alias = table.args.get("alias")
         renamed.set("alias", alias.copy() if alias is not None
                     else exp.TableAlias(this=exp.to_identifier(table.name)))
+        # a parenthesized join group, `(pg_class c JOIN pg_namespace n ON …)` as psqlODBC's
+        # SQLColumns writes it, hangs its joins on its first table
+        renamed.set("joins", table.args.get("joins"))
         return renamed
 
     def _cast(self, cast: exp.Cast) -> exp.Expression:

@@ -260,6 +260,30 @@ def test_extended_protocol_named_statements_portals_and_suspension(raw: Raw) -> 
     assert client.until(codec.ReadyForQuery)[0] == codec.CloseComplete()
 
 
+def test_deallocate_drops_a_prepared_statement(raw: Raw) -> None:
+    """SQL's DEALLOCATE closes a named statement as Close does: psqlODBC prepares each
+    statement of a handle under one name and DEALLOCATEs it before preparing the next
+    (which then failed with 42P05). A name not prepared is 26000, as in PostgreSQL;
+    DEALLOCATE ALL drops every one, with their portals."""
+    _, connect = raw
+    client = connect()
+    sql = "SELECT COUNT(*) FROM adult WHERE age > $1"
+    for _ in range(2):
+        client.send(codec.Parse("_PLAN0x55", sql), codec.Sync())
+        assert client.until(codec.ReadyForQuery)[0] == codec.ParseComplete()
+        assert client.query('DEALLOCATE "_PLAN0x55"')[-2:] == [
+            codec.CommandComplete("DEALLOCATE"), codec.ReadyForQuery("I")]
+    assert errors_in(client.query('DEALLOCATE PREPARE "_PLAN0x55"')) == ["26000"]
+    client.send(codec.Parse("a", sql), codec.Parse("b", sql),
+                codec.Bind("open", "a", (), (b"30",), ()), codec.Sync())
+    client.until(codec.ReadyForQuery)
+    assert client.query("DEALLOCATE ALL")[-2] == codec.CommandComplete("DEALLOCATE ALL")
+    client.send(codec.Execute("open", 0), codec.Sync())
+    assert errors_in(client.until(codec.ReadyForQuery)) == ["34000"]  # its portal went too
+    client.send(codec.Parse("a", sql), codec.Parse("b", sql), codec.Sync())
+    assert not errors_in(client.until(codec.ReadyForQuery))
+
+
 def test_extended_protocol_errors_skip_to_sync(raw: Raw) -> None:
     _, connect = raw
     client = connect()

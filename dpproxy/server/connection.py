@@ -628,6 +628,8 @@ class ClientConnection:
         cursor = cursors.parse(text) if first in cursors.WORDS else None
         if cursor is not None:
             return await self._cursor_statement(cursor, params)
+        if first == "DEALLOCATE":
+            return self._deallocate(cursors.deallocated(text))
         result = self._within_limit(await self._call(self._run_statement, text, params))
         if first in ("BEGIN", "START"):
             if self._status == "T":
@@ -849,13 +851,29 @@ class ClientConnection:
             await self._execute(message)
         elif isinstance(message, Close):
             if message.kind == "S":
-                statement = self._statements.pop(message.name, None)
-                if statement is not None:  # its portals close with it
-                    self._portals = {k: p for k, p in self._portals.items()
-                                     if p.statement is not statement}
+                self._drop_statement(message.name)
             else:
                 self._portals.pop(message.name, None)
             self._send(CloseComplete())
+
+    def _drop_statement(self, name: str) -> bool:
+        """Drop a prepared statement and its portals; whether there was one."""
+        statement = self._statements.pop(name, None)
+        if statement is None:
+            return False
+        self._portals = {k: p for k, p in self._portals.items() if p.statement is not statement}
+        return True
+
+    def _deallocate(self, name: str | None) -> Result:
+        """DEALLOCATE name (or ALL): SQL's Close of a prepared statement, as psqlODBC sends
+        it before it prepares again under the same name."""
+        if name is None:
+            for each in [n for n in self._statements if n]:
+                self._drop_statement(each)
+            return Result(tag="DEALLOCATE ALL")
+        if not name or not self._drop_statement(name):
+            raise ServerError("26000", f"prepared statement \"{name}\" does not exist")
+        return Result(tag="DEALLOCATE")
 
     def _parse(self, message: Parse) -> None:
         if message.name and message.name in self._statements:

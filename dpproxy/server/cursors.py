@@ -88,6 +88,19 @@ def parse(text: str) -> CursorStatement | None:
     return _fetch(rest, first == "MOVE")
 
 
+def deallocated(text: str) -> str | None:
+    """The prepared statement `DEALLOCATE [PREPARE] name` drops, as PostgreSQL folds the
+    name; None for `DEALLOCATE [PREPARE] ALL`."""
+    tokens = tokenize(text)[1:]
+    if tokens and _word(tokens, 0) == "PREPARE":
+        tokens = tokens[1:]
+    if len(tokens) == 1 and _word(tokens, 0) == "ALL":
+        return None
+    if len(tokens) != 1:
+        raise errors.SyntaxError("DEALLOCATE takes one prepared statement name, or ALL")
+    return _name(tokens[0])
+
+
 def _word(tokens: list[Token], i: int) -> str:
     """The keyword at tokens[i], upper case; "" past the end and for a quoted name (which
     is never a keyword: CLOSE "all" closes the cursor named all)."""

@@ -36,7 +36,7 @@ BIG_BUDGET = {"budget = { epsilon = 10.0, delta = 1e-5 }":
 
 def _driver() -> Path | None:
     candidates = [os.environ.get("PGJDBC_JAR"), "/usr/share/java/postgresql.jar",
-                  Path(sys.prefix) / "share" / "pgjdbc" / "postgresql.jar"]
+                  Path(sys.prefix) / "share/pgjdbc/usr/share/java/postgresql.jar"]
     return next((Path(c) for c in candidates if c and Path(c).is_file()), None)
 
 

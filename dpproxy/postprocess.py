@@ -124,6 +124,8 @@ def check_output_expression(node: exp.Expression, check_key: Callable[[exp.Colum
     if type(node) not in _HANDLERS:
         if isinstance(node, exp.Anonymous):
             what = f"function {node.name}"
+        elif isinstance(node, exp.TimeToStr):  # sqlglot's name for TO_CHAR
+            what = "TO_CHAR"
         elif isinstance(node, exp.Func):
             what = node.sql_name()
         else:

@@ -83,6 +83,7 @@ class Statement:
     # part of the query, as its parameters are
     folds: bool = False
     clock: dt.datetime | None = None
+    explain_format: str = "text"  # explain: FORMAT TEXT or JSON
 
     @property
     def is_session_statement(self) -> bool:
@@ -267,7 +268,7 @@ def _classify(text: str, tokens: list[Token]) -> Statement:
         return _set_statement(text)
     if first == "EXPLAIN":
         inner_tokens = tokenize(rest)
-        skip = 0
+        skip, explain_format = _explain_options(inner_tokens)
         while _word(inner_tokens, skip) == "VERBOSE":
             skip += 1
         if _word(inner_tokens, skip) == "ANALYZE":
@@ -283,11 +284,50 @@ def _classify(text: str, tokens: list[Token]) -> Statement:
                 exc.position += len(text) - len(inner)
             raise
         return Statement("explain", text, ast=ast, tag="EXPLAIN",
-                         folds=_folds(ast, inner_tokens))
+                         folds=_folds(ast, inner_tokens), explain_format=explain_format)
     ast = _parse_query(text)
     if _is_advisory_unlock(ast):
         return Statement("noop", text, ast=ast, tag="SELECT 1")
     return Statement("select", text, ast=ast, tag="SELECT", folds=_folds(ast, tokens))
+
+
+# EXPLAIN's options in PostgreSQL 15, each taking a boolean but FORMAT
+_EXPLAIN_OPTIONS = frozenset({"ANALYZE", "VERBOSE", "COSTS", "SETTINGS", "BUFFERS", "WAL",
+                              "TIMING", "SUMMARY", "FORMAT"})
+_TRUE_WORDS, _FALSE_WORDS = frozenset({"TRUE", "ON", "1"}), frozenset({"FALSE", "OFF", "0"})
+
+
+def _explain_options(tokens: list[Token]) -> tuple[int, str]:
+    """EXPLAIN's parenthesized options, as pgAdmin and DBeaver send them (`EXPLAIN (FORMAT
+    JSON, ANALYZE false) …`): where the query starts, and the format, TEXT or JSON. ANALYZE
+    (which would run the query) and the XML and YAML formats are refused."""
+    if not tokens or tokens[0].token_type != TokenType.L_PAREN:
+        return 0, "text"
+    explain_format, i = "text", 1
+    while i < len(tokens) and tokens[i].token_type != TokenType.R_PAREN:
+        option = tokens[i].text.upper()
+        if option not in _EXPLAIN_OPTIONS:
+            raise SyntaxError(f"unrecognized EXPLAIN option \"{tokens[i].text.lower()}\"")
+        i += 1
+        value = ""
+        if i < len(tokens) and tokens[i].token_type not in (TokenType.COMMA, TokenType.R_PAREN):
+            value = tokens[i].text.upper()
+            i += 1
+        if option == "FORMAT":
+            if value not in ("TEXT", "JSON"):
+                raise NotSupportedError(f"EXPLAIN FORMAT {value or '(none)'} is not supported",
+                                        hint="use FORMAT TEXT or FORMAT JSON")
+            explain_format = value.lower()
+        elif value and value not in _TRUE_WORDS | _FALSE_WORDS:
+            raise SyntaxError(f"EXPLAIN option {option} requires a Boolean value")
+        elif option == "ANALYZE" and value not in _FALSE_WORDS:
+            raise NotSupportedError("EXPLAIN ANALYZE is not supported",
+                                    hint="EXPLAIN shows the DP plan without running it")
+        if i < len(tokens) and tokens[i].token_type == TokenType.COMMA:
+            i += 1
+    if i >= len(tokens):
+        raise SyntaxError("EXPLAIN's option list is not closed")
+    return i + 1, explain_format
 
 
 def _folds(ast: exp.Expression, tokens: list[Token]) -> bool:

@@ -508,7 +508,7 @@ class Session:
         nothing. Raises the same rejection `execute` would for a query."""
         statement = parse_statements(sql, params)[-1]
         if statement.kind == "explain":
-            return Description(("QUERY PLAN",), ("text",))
+            return Description(("QUERY PLAN",), (statement.explain_format,))
         if statement.kind == "select":
             planned = self._plan(statement)
             analysis = planned if isinstance(planned, ConstantQuery) else planned.analysis
@@ -839,6 +839,14 @@ class Session:
             sql = self.engine.rewritten(planned).sql if planned.reads_data else None
             lines = explain_lines(planned, sql, self.remaining())
         self._audit(statement.text, "answered", rows=len(lines))
+        if statement.explain_format == "json":
+            # PostgreSQL's shape (a list of one object holding "Plan") so that plan viewers
+            # read it; the DP plan's lines as they are, under a key of their own
+            table = None if isinstance(planned, ConstantQuery) else planned.analysis.table.name
+            document = [{"Plan": {"Node Type": "DP Query", "Relation Name": table},
+                         "DP Plan": lines}]
+            return Result(("QUERY PLAN",), [(json.dumps(document, ensure_ascii=False),)],
+                          "EXPLAIN", ("json",))
         return Result(("QUERY PLAN",), [(line,) for line in lines], "EXPLAIN", ("text",))
 
     def _session_statement(self, statement: Statement) -> Result:

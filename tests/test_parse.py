@@ -103,6 +103,32 @@ def test_query_and_explain_are_not_session_statements() -> None:
     assert verbose.ast is not None and verbose.ast.sql("postgres") == "SELECT COUNT(*) FROM adult"
 
 
+@pytest.mark.parametrize(("sql", "explain_format"), [
+    ("EXPLAIN (FORMAT JSON) SELECT COUNT(*) FROM adult", "json"),
+    # pgAdmin's options
+    ("EXPLAIN (FORMAT JSON, ANALYZE false, VERBOSE false, COSTS true, BUFFERS false, "
+     "TIMING false, SUMMARY false) SELECT COUNT(*) FROM adult", "json"),
+    ("EXPLAIN (costs off, verbose) SELECT COUNT(*) FROM adult", "text"),
+    ("EXPLAIN (FORMAT TEXT) VERBOSE SELECT COUNT(*) FROM adult", "text"),
+])
+def test_explain_options(sql: str, explain_format: str) -> None:
+    explain = one(sql)
+    assert explain.kind == "explain" and explain.explain_format == explain_format
+    assert explain.ast is not None and explain.ast.sql("postgres") == "SELECT COUNT(*) FROM adult"
+
+
+@pytest.mark.parametrize(("sql", "sqlstate"), [
+    ("EXPLAIN (ANALYZE) SELECT 1", "0A000"), ("EXPLAIN (ANALYZE on) SELECT 1", "0A000"),
+    ("EXPLAIN (FORMAT XML) SELECT 1", "0A000"), ("EXPLAIN (FORMAT) SELECT 1", "0A000"),
+    ("EXPLAIN (FOO) SELECT 1", "42601"), ("EXPLAIN (COSTS maybe) SELECT 1", "42601"),
+    ("EXPLAIN (COSTS", "42601"), ("EXPLAIN (COSTS) ", "42601"),
+])
+def test_explain_options_refused(sql: str, sqlstate: str) -> None:
+    with pytest.raises(errors.Error) as info:
+        parse_statements(sql)
+    assert info.value.sqlstate == sqlstate
+
+
 def test_explain_analyze_is_not_supported() -> None:
     with pytest.raises(errors.NotSupportedError) as info:
         parse_statements("EXPLAIN ANALYZE SELECT COUNT(*) FROM adult")

@@ -691,6 +691,20 @@ def test_explain_shows_plan_and_charges_nothing(alice: Session) -> None:
     assert "163016" not in text
 
 
+def test_explain_format_json_is_the_same_plan(alice: Session) -> None:
+    """EXPLAIN (FORMAT JSON, …), as pgAdmin and DBeaver send it: one json value in
+    PostgreSQL's shape, [{"Plan": …}], holding the text plan's lines; charges nothing."""
+    query = "SELECT occupation, SUM(hours_per_week) FROM adult GROUP BY occupation"
+    before = alice.remaining()
+    text = [row[0] for row in alice.execute(f"EXPLAIN {query}").rows]
+    result = alice.execute(f"EXPLAIN (FORMAT JSON, ANALYZE false, COSTS true) {query}")
+    assert (result.columns, result.types) == (("QUERY PLAN",), ("json",))
+    (document,), = result.rows
+    assert json.loads(document) == [{"Plan": {"Node Type": "DP Query",
+                                              "Relation Name": "adult"}, "DP Plan": text}]
+    assert alice.remaining() == before
+
+
 # -- 2. rejected queries --------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -897,6 +911,10 @@ REJECTED = [
     Rejected("explain_analyze", "EXPLAIN ANALYZE SELECT COUNT(*) FROM adult", "0A000",
              ("ANALYZE",)),
     Rejected("explain_of_rejected_query", "EXPLAIN SELECT age FROM adult", "42501"),
+    Rejected("explain_analyze_option", "EXPLAIN (FORMAT JSON, ANALYZE) SELECT COUNT(*) "
+             "FROM adult", "0A000", ("ANALYZE",)),
+    Rejected("explain_format_xml", "EXPLAIN (FORMAT XML) SELECT COUNT(*) FROM adult",
+             "0A000", ("XML",), ("FORMAT JSON",)),
     Rejected("set_negative_epsilon", "SET dpproxy.epsilon = -1", "22023", ("epsilon",)),
     Rejected("set_zero_epsilon", "SET dpproxy.epsilon = 0", "22023", ("epsilon",)),
     Rejected("set_text_epsilon", "SET dpproxy.epsilon = 'abc'", "22023", ("epsilon",)),

@@ -70,11 +70,21 @@ def test_median_per_month_lies_in_its_month(make_policy: PolicyFactory) -> None:
         assert mid[:7] == month[:7], (month, mid)
 
 
-def test_explain_shows_the_bounds_as_dates(make_policy: PolicyFactory) -> None:
-    with Engine.from_path(make_policy(BIG_BUDGET)) as engine:
+DAY = 'day = { type = "date", lower = 2024-01-01, upper = 2024-12-31, nullable = false }'
+
+
+@pytest.mark.parametrize(("column", "bounds"), [
+    (DAY, "[2024-01-01, 2024-12-31]"),
+    # a public range's ends bound it too
+    ('day = { type = "date", nullable = false, public_range = { first = "2024-02-01", '
+     'last = "2024-03-31" } }', "[2024-02-01, 2024-03-31]"),
+])
+def test_explain_shows_the_bounds_as_dates(make_policy: PolicyFactory, column: str,
+                                           bounds: str) -> None:
+    with Engine.from_path(make_policy({**BIG_BUDGET, DAY: column})) as engine:
         text = "\n".join(r[0] for r in engine.session("alice").execute(
             "EXPLAIN SELECT MAX(day) FROM visits").rows)
-    assert "argument bounds [2024-01-01, 2024-12-31]" in text
+    assert f"argument bounds {bounds}" in text
 
 
 @pytest.mark.parametrize(("sql", "sqlstate", "words"), [

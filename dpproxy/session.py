@@ -620,6 +620,12 @@ class Session:
         if cached is None:
             return None
         analysis, rewritten = cached
+        granted = self.analyst.tables
+        if analysis.table.name not in granted or any(j.table.name not in granted
+                                                     for j in analysis.joins):
+            # a shape accepted before a grant was revoked (refresh_analysts drops them, but
+            # a query analysed meanwhile may store one after): analysed again, and refused
+            return None
         # Everything but the WHERE literals (which the statement carries as parameters)
         # and the text is the shape's, accepted for every value of them.
         plan = plan_query(replace(analysis, statement=shape.text), self.options)

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import threading
+from dataclasses import replace
 
 import psycopg
 import pytest
@@ -20,6 +21,7 @@ from dpproxy.cli import main as cli
 from dpproxy.policy import load_policy
 from dpproxy.server import admin
 from dpproxy.server.scram import make_verifier
+from dpproxy.session import Engine
 
 from .test_server_support import (
     ADMIN_PASSWORD,
@@ -150,6 +152,24 @@ def test_grants_and_role_follow_the_policy_file(serve: ServeFactory,
         alice.execute(shape, [30], prepare=True).fetchall()
         (row,) = alice.execute(ADD_BOB).fetchall()
         assert row[0] == "analyst:bob"
+
+
+def test_a_shape_stored_across_a_revocation_is_not_trusted(engine: Engine) -> None:
+    """A query analysed while its table was being revoked may store its accepted shape
+    after refresh_analysts dropped the analyst's shapes: a later query of that shape is
+    analysed again, and refused, rather than planned from the stored shape."""
+    alice = engine.session("alice", epsilon=1.0)
+    shape = "SELECT COUNT(*) FROM visits WHERE amount > %s"
+    alice.execute(shape, (10,))
+    revoked = replace(engine.policy.analysts["alice"], tables=("adult",))
+    # the state such a race leaves: the new grants, the old shape still stored
+    engine.policy = replace(engine.policy,
+                            analysts={**engine.policy.analysts, "alice": revoked})
+    spent = engine.ledger.status("analyst:alice").spent.epsilon
+    with pytest.raises(errors.PrivacyViolation) as refused:
+        alice.execute(shape, (20,))
+    assert refused.value.sqlstate == "42501" and "visits" in str(refused.value)
+    assert engine.ledger.status("analyst:alice").spent.epsilon == spent
 
 
 def test_concurrent_adds_are_all_kept(serve: ServeFactory) -> None:

@@ -158,14 +158,14 @@ def _fold_node(node: exp.Expression, clock: dt.datetime | None) -> exp.Expressio
     if clock is not None and _is_now(node):
         return _timestamp(clock)
     if clock is not None and isinstance(node, exp.CurrentDate):
-        return _date(clock.date())
+        return date_literal(clock.date())
     if isinstance(node, exp.Paren) and _constant(node.this) is not None:
         return node.this
     if isinstance(node, exp.Cast):
         value = _constant(node.this)
         if isinstance(value, dt.datetime | dt.date):
             if node.to.this in _DATE_TYPES:
-                return _date(value.date() if isinstance(value, dt.datetime) else value)
+                return date_literal(value.date() if isinstance(value, dt.datetime) else value)
             if node.to.this in _TIMESTAMP_TYPES:
                 return _timestamp(value if isinstance(value, dt.datetime)
                                   else dt.datetime.combine(value, dt.time()))
@@ -202,7 +202,7 @@ def _arithmetic(node: exp.Add | exp.Sub) -> exp.Expression:
                 else dt.datetime.combine(left, dt.time())
             return _timestamp(_plus(start, sign * months, sign * days, sign * micros))
         if isinstance(right, int) and not isinstance(left, dt.datetime):
-            return _date(left + dt.timedelta(days=sign * right))
+            return date_literal(left + dt.timedelta(days=sign * right))
     except (OverflowError, ValueError):  # beyond the years Python holds: left as written
         return node
     return node
@@ -301,9 +301,10 @@ def _truncate(value: dt.date, unit: str) -> dt.datetime:
     return moment.replace(microsecond=0)
 
 
-def _date(value: dt.date) -> exp.Expression:
-    return exp.Cast(this=exp.Literal.string(value.isoformat()),
-                    to=exp.DataType.build("DATE"))
+def date_literal(value: dt.date | str) -> exp.Expression:
+    """CAST('<ISO date>' AS DATE): a constant date, in the form both backends read alike."""
+    text = value if isinstance(value, str) else value.isoformat()
+    return exp.Cast(this=exp.Literal.string(text), to=exp.DataType.build("DATE"))
 
 
 def _timestamp(value: dt.datetime) -> exp.Expression:

@@ -53,6 +53,7 @@ from .analyze import Analysis, GroupKey, to_char
 from .analyze.aggregates import Statistic
 from .analyze.expressions import make_resolver, type_row_expression
 from .bounds import BoundCheck, Unbounded, bound_check
+from .clock import date_literal
 from .plan import Measurement, QueryPlan
 from .policy import ColumnPolicy, TablePolicy
 from .quantiles import binning_for
@@ -195,7 +196,7 @@ def _total_node(node: exp.Expression, table: TablePolicy, integer_valued: bool
             # both read the ISO year's first day, which precedes DuckDB's first date for
             # dates before this one (a TIMESTAMP is read as its date: always in range)
             first = exp.GTE(this=exp.cast(node.expression.copy(), _DATE),
-                            expression=_date(_FIRST_ISO_WEEK_DATE))
+                            expression=date_literal(_FIRST_ISO_WEEK_DATE))
             node.set("expression", exp.Case(ifs=[exp.If(this=first, true=node.expression)]))
         return exp.cast(node, _DOUBLE)  # integer-valued; DOUBLE keeps later arithmetic total
     if isinstance(node, exp.Length):
@@ -256,10 +257,6 @@ _FIRST_TIMESTAMP_DATE = "290309-12-22 (BC)"
 _LAST_TIMESTAMP_DATE = "294247-01-10"
 _FIRST_TRUNCATABLE_DATES = {unit: "290308-01-01 (BC)" for unit in ("month", "quarter", "year")}
 _FIRST_ISO_WEEK_DATE = "5877641-01-04 (BC)"
-
-
-def _date(text: str) -> exp.Expression:
-    return exp.cast(exp.Literal.string(text), _DATE)
 
 
 def _is_date(node: exp.Expression, table: TablePolicy) -> bool:
@@ -336,7 +333,8 @@ def _is_double(node: exp.Expression) -> bool:
 
 def _date_within(date: exp.Expression, first: str, last: str) -> exp.Expression:
     """The date where it lies in [first, last] or is ±infinity, else NULL."""
-    inside = exp.or_(exp.Between(this=date.copy(), low=_date(first), high=_date(last)),
+    inside = exp.or_(exp.Between(this=date.copy(), low=date_literal(first),
+                                 high=date_literal(last)),
                      exp.not_(exp.func("ISFINITE", date.copy())))
     return exp.Case(ifs=[exp.If(this=inside, true=date)])
 

@@ -34,7 +34,7 @@ from fractions import Fraction
 
 from sqlglot import exp
 
-from ..clock import EPOCH
+from ..clock import EPOCH, date_literal
 from ..errors import (
     DatatypeMismatch,
     Error,
@@ -712,8 +712,7 @@ def _date_as_days(key: str, node: exp.AggFunc, arg: exp.Expression, resolve: Res
             "date", hint=f"clamp them to a range you choose, e.g. {example}, or declare "
                          "lower and upper dates (or a public_range) for the column in the "
                          "policy")
-    days = exp.Sub(this=arg.copy(), expression=exp.cast(exp.Literal.string(
-        EPOCH.isoformat()), "DATE"))
+    days = exp.Sub(this=arg.copy(), expression=date_literal(EPOCH))
     return days, ExprType("num", lower, upper, integer=True)
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 from sqlglot.dialects.postgres import Postgres
 
+from ..clock import date_literal
 from ..errors import NotSupportedError
 
 FIRST_DATE = "1000-01-01"
@@ -100,12 +101,9 @@ def duckdb_expression(value: exp.Expression, pieces: list[Piece]) -> exp.Express
 
 def in_range(value: exp.Expression, then: exp.Expression) -> exp.Expression:
     """CASE WHEN value is within the years read THEN `then` END."""
-    within = exp.Between(this=value.copy(), low=_date(FIRST_DATE), high=_date(LAST_DATE))
+    within = exp.Between(this=value.copy(), low=date_literal(FIRST_DATE),
+                         high=date_literal(LAST_DATE))
     return exp.Case(ifs=[exp.If(this=within, true=then)])
-
-
-def _date(text: str) -> exp.Expression:
-    return exp.cast(exp.Literal.string(text), exp.DataType.build("DATE"))
 
 
 def _piece(value: exp.Expression, piece: Piece) -> exp.Expression:

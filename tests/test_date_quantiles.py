@@ -23,13 +23,10 @@ from dpproxy.session import Engine
 
 from .conftest import PolicyFactory
 from .refusals import assert_refused
-from .test_server_support import ServeFactory
+from .test_server_support import BIG_BUDGET, ServeFactory
 
 BACKENDS = ("duckdb", "postgres")
 
-# the demo declares visits.day within 2024 (lower/upper dates)
-BIG_BUDGET = {"budget = { epsilon = 10.0, delta = 1e-5 }":
-              "budget = { epsilon = 1e6, delta = 1e-5 }"}
 
 
 def test_extremes_and_median_of_dates_over_psycopg(serve: ServeFactory) -> None:

@@ -24,13 +24,14 @@ import pytest
 import dpproxy
 from dpproxy.release import ColumnAccuracy
 
+from .test_server_support import BIG_BUDGET
+
 EPS = 1000.0
-BIG_BUDGET = {"budget = { epsilon = 10.0, delta = 1e-5 }":
-              "budget = { epsilon = 1e9, delta = 0.5 }"}
 BY_SEX = "SELECT sex, COUNT(*), SUM(age), AVG(age), COUNT(*) AS n FROM adult GROUP BY sex"
 TOTAL_PEOPLE = "SELECT COUNT(*) FROM adult"
 
 Connect = Callable[..., dpproxy.Connection]
+
 
 
 @pytest.fixture(scope="module")

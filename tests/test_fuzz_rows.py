@@ -15,9 +15,12 @@ import pytest
 from dpproxy import errors
 from dpproxy.session import Engine
 
+from .test_server_support import BIG_BUDGET
+
 NUMBERS = ["age", "hours_per_week", "education_num", "capital_gain", "3", "-2", "0.5"]
 TEXTS = ["sex", "education", "income", "occupation", "'x'"]
 UNITS = ["day", "week", "month", "quarter", "year"]
+
 
 
 class Grammar:
@@ -95,8 +98,6 @@ class Grammar:
         ])()
 
 
-BIG_BUDGET = {"budget = { epsilon = 10.0, delta = 1e-5 }":
-              "budget = { epsilon = 1000000.0, delta = 0.5 }"}
 
 
 @pytest.mark.parametrize("seed", [20261124])

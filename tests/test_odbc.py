@@ -24,13 +24,11 @@ from typing import Any
 import pytest
 
 from .exact import read_directly
-from .test_server_support import ServeFactory
+from .test_server_support import BIG_BUDGET, ServeFactory
 
 BACKENDS = ("duckdb", "postgres")
 
 SCRIPT = Path(__file__).parent / "clients" / "odbc_script.py"
-BIG_BUDGET = {"budget = { epsilon = 10.0, delta = 1e-5 }":
-              "budget = { epsilon = 1e6, delta = 1e-5 }"}
 
 
 def _driver() -> Path | None:

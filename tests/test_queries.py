@@ -30,13 +30,13 @@ from dpproxy import errors
 from dpproxy.accountant import Cost
 from dpproxy.session import Engine, Result, Session
 
+from .test_server_support import BIG_BUDGET
+
 # the engine-backed tests run on both backends, loaded with the same demo rows
 BACKENDS = ("duckdb", "postgres")
 
 
 EPS = 1000.0
-BIG_BUDGET = {"budget = { epsilon = 10.0, delta = 1e-5 }":
-              "budget = { epsilon = 1e9, delta = 0.5 }"}
 NO_VISITS = {'tables = ["adult", "visits", "occupation_groups"]':
              'tables = ["adult", "occupation_groups"]'}
 

@@ -20,6 +20,9 @@ from dpproxy.session import Engine
 PASSWORD = "alice-demo"  # the demo policy's verifier is for this password
 ADMIN_PASSWORD = "admin-secret"
 ADMIN_SNIPPET = '[analysts.admin]\nrole = "admin"'
+# alice's demo budget raised so far that no test runs out of it
+BIG_BUDGET = {"budget = { epsilon = 10.0, delta = 1e-5 }":
+              "budget = { epsilon = 1e9, delta = 0.5 }"}
 IO_TIMEOUT_S = 30.0  # a bound on every socket wait, never an assertion
 
 

@@ -85,6 +85,13 @@ class InvalidNthValueArgument(DataError):
     sqlstate = "22016"
 
 
+class InvalidArgumentForWidthBucket(DataError):
+    """WIDTH_BUCKET's count is not positive, its bounds are equal or not finite, or its
+    thresholds are not sorted."""
+
+    sqlstate = "2201G"
+
+
 class OperationalError(DatabaseError):
     sqlstate = "58000"
 

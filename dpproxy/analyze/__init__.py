@@ -67,6 +67,7 @@ from .aggregates import (
     Statistic,
     quantile_rule,
 )
+from .buckets import fold_width_buckets
 from .expressions import (
     ExprType,
     Resolver,
@@ -218,6 +219,7 @@ def analyze(select: exp.Expression, policy: Policy, analyst: AnalystPolicy
     select = inline(select)  # a row-level subquery or WITH query in FROM, merged in
     _check_shape(select)
     assert isinstance(select, exp.Select)
+    select = fold_width_buckets(select)
     if select.args.get("from_") is None:
         return _constant_query(select, statement)
     select = _fold_any(_fold_filters(_fold_within_group(select)))

@@ -79,7 +79,7 @@ _ROW_FUNCTIONS_HELP = (
     "+ - * / %, ABS, ROUND, FLOOR, CEIL, LEAST, GREATEST, CASE, COALESCE, NULLIF, CAST, "
     "comparisons, AND/OR/NOT, IN (list), BETWEEN, LIKE/ILIKE, IS NULL, LOWER, UPPER, LENGTH, "
     "TRIM, SUBSTRING, ||, ~ and ~* (regular expressions), EXTRACT, DATE_TRUNC, "
-    "TO_CHAR(date, format)"
+    "TO_CHAR(date, format), WIDTH_BUCKET with constant bounds"
 )
 
 

@@ -97,6 +97,10 @@ def output_name(item: exp.Expression) -> str:
         return "var_samp"
     if isinstance(item, exp.Anonymous):
         return item.name.lower()
+    if isinstance(item, exp.CurrentTimestamp) and "start" in item.meta:
+        # sqlglot reads now() and CURRENT_TIMESTAMP as one node; only the call (the
+        # function syntax) records where it was written
+        return "now"
     if isinstance(item, exp.DateTrunc | exp.TimestampTrunc):
         return "date_trunc"  # sqlglot's node names differ from the SQL function's
     if isinstance(item, exp.TimeToStr):

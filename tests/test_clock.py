@@ -209,13 +209,14 @@ def test_the_clock_itself_over_the_wire(serve: ServeFactory) -> None:
     served = serve()
     with psycopg.connect(served.dsn(), autocommit=True) as conn:
         before = dt.datetime.now(dt.UTC).replace(tzinfo=None)
-        cur = conn.execute("SELECT now(), CURRENT_DATE, LOCALTIMESTAMP AS local")
-        (moment, day, local), = cur.fetchall()
+        cur = conn.execute("SELECT now(), CURRENT_DATE, LOCALTIMESTAMP AS local, "
+                           "CURRENT_TIMESTAMP")
+        (moment, day, local, current), = cur.fetchall()
         after = dt.datetime.now(dt.UTC).replace(tzinfo=None)
         assert cur.description is not None
         assert [(c.name, c.type_code) for c in cur.description] == [
-            ("current_timestamp", 1114), ("current_date", 1082), ("local", 1114)]
-        assert before <= moment == local <= after and day == moment.date()
+            ("now", 1114), ("current_date", 1082), ("local", 1114), ("current_timestamp", 1114)]
+        assert before <= moment == local == current <= after and day == moment.date()
         assert served.spent() == 0
         cur = conn.execute("SELECT COUNT(*), CURRENT_DATE AS as_of FROM adult")
         assert cur.description is not None and cur.description[1].type_code == 1082

@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
              with_policy: Callable[[argparse.ArgumentParser], None]) -> None:
     """Add the server's subcommands to the `dpproxy` parser."""
     s = sub.add_parser("serve", help="serve the PostgreSQL protocol: connect with psql, "
-                                     "psycopg, asyncpg, SQLAlchemy, BI tools")
+                                     "psycopg, asyncpg, SQLAlchemy, JDBC, ODBC, BI tools")
     with_policy(s)
     s.add_argument("--host", help="listen address (default: the policy's, else 127.0.0.1)")
     s.add_argument("--port", type=int, help="listen port (default: the policy's, else 6432)")

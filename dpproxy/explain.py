@@ -10,7 +10,7 @@ from .analyze import AggregateCall
 from .clock import date_of_day
 from .mechanisms import half_width
 from .plan import QueryPlan, aggregate_epsilons, format_split
-from .quantiles import rank_error
+from .quantiles import error_phrase, rank_error
 from .selection import effective_threshold
 
 # Group sizes at which EXPLAIN quotes the expected error of AVG, VAR and STDDEV, whose
@@ -82,11 +82,11 @@ def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -
             bins = (f"{b.bins} one-integer bins" if b.integer_points
                     else f"{b.bins} bins of width {b.width:.6g}, released at their midpoints")
             lines.append(
-                f"  {m.column} = {s.describe()}: exponential mechanism over {bins}; rank "
-                f"utility sensitivity {m.sensitivity:g} per group, ε={q.epsilon:.6g} "
-                f"(ε={q.epsilon_per_group:.6g} per group, ≤ {q.max_groups} group(s) per "
-                f"unit); {options.confidence:.0%} rank within ± "
-                f"{rank_error(q, options.confidence):.6g} rows of p·n")
+                f"  {m.column} = {s.describe()}: exponential mechanism over {bins}; "
+                f"{'count' if q.mode else 'rank'} utility sensitivity {m.sensitivity:g} per "
+                f"group, ε={q.epsilon:.6g} (ε={q.epsilon_per_group:.6g} per group, ≤ "
+                f"{q.max_groups} group(s) per unit); {options.confidence:.0%} "
+                f"{error_phrase(rank_error(q, options.confidence), q.mode, 6)}")
             continue
         if n is None:
             lines.append(f"  {m.column} = {s.describe()}: exact, no central noise (local-DP "
@@ -106,7 +106,9 @@ def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -
         lines.append(f"  {agg.sql} from {parts}"
                      + (f", debiased: {agg.rule.mechanism}" if agg.rule.mechanism else "")
                      + aggregate_error(plan, agg, epsilon)
-                     + (f"; argument bounds [{_bound(agg, 0)}, {_bound(agg, 1)}]"
+                     + (f"; candidates: {len(agg.rule.labels)} public values"
+                        if agg.rule.labels is not None
+                        else f"; argument bounds [{_bound(agg, 0)}, {_bound(agg, 1)}]"
                         if agg.argument_bounds else ""))
     for call in analysis.windows:
         lines.append(f"  {call.text}: over the released groups, after HAVING "
@@ -137,8 +139,8 @@ def aggregate_error(plan: QueryPlan, agg: AggregateCall, epsilon: float) -> str:
     confidence = plan.options.confidence
     quantile = measurements[0].quantile
     if len(measurements) == 1 and quantile is not None:
-        return text + (f", {confidence:.0%} rank within ± {rank_error(quantile, confidence):.6g}"
-                       " rows of p·n")
+        return text + (f", {confidence:.0%} "
+                       f"{error_phrase(rank_error(quantile, confidence), quantile.mode, 6)}")
     if len(noises) == 1 and noises[0] is not None:
         return text + f", {confidence:.0%} ± {plan.measurements[agg.statistics[0]].half_width:.6g}"
     if agg.rule.error_at is None or any(n is None for n in noises):

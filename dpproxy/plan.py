@@ -340,7 +340,7 @@ def _plan_query(analysis: Analysis, options: QueryOptions, count: int | None) ->
             assert statistic.quantile is not None
             spec = QuantileSpec(statistic.quantile, epsilon, bound.max_groups, bound.max_rows,
                                 binning_for(statistic.lower, statistic.upper,
-                                            statistic.integer_valued))
+                                            statistic.integer_valued), statistic.mode)
             measurements.append(Measurement(f"m{index}", statistic, spec.utility_sensitivity,
                                             None, 0.0, spec))
             continue

@@ -38,6 +38,13 @@ relative of the truth (it is within an ulp or two); everything else is integer
 arithmetic. The draw runs after the budget is charged; its time (one pass over the
 bins, rarely more) depends little on the data.
 
+MODE. The most frequent value (`MODE() WITHIN GROUP (ORDER BY x)`) is drawn by the same
+mechanism over one bin per candidate value (a public value, or an integer of a bounded
+range), with the count utility u_j = h_j − max h: adding or removing one row moves each
+count, and so each u_j, by at most 1 (the max moves by at most 1 too, and shifting every
+utility by the same amount changes no probability), so the sensitivity, rate, composition
+over groups and zCDP are those above. `rank_error` reads as rows short of the top count.
+
 Output. The released value is the chosen bin's point: the integer itself for one-integer
 bins, else the bin's midpoint, the point of the bin closest to all of it (error ≤ half a
 bin). Turning a bin into its point is post-processing.
@@ -69,7 +76,8 @@ import numpy as np
 from .errors import InvalidParameterValue
 
 __all__ = ["MAX_BINS", "Binning", "QuantileSpec", "binning_for", "decode_histogram",
-           "probabilities", "rank_error", "release_quantile", "sample_bin", "utilities"]
+           "error_phrase", "probabilities", "rank_error", "release_quantile", "sample_bin",
+           "utilities"]
 
 # Bins of a real-valued domain: fine enough that half a bin (0.05% of the range) is far
 # below the mechanism's own error at usual ε, small enough to sample in microseconds.
@@ -139,6 +147,7 @@ class QuantileSpec:
     max_groups: int  # groups one unit may touch
     max_rows: int  # rows one unit may have in a group: the utility's sensitivity
     binning: Binning
+    mode: bool = False  # the count utility (MODE) instead of the rank utility
 
     def __post_init__(self) -> None:
         if not 0 <= self.quantile <= 1:
@@ -168,9 +177,21 @@ class QuantileSpec:
         return self.epsilon ** 2 / 8
 
 
-def utilities(histogram: Sequence[int], quantile: Fraction) -> list[int]:
-    """−⌈distance of p·n from each bin's rank interval⌉ (see the module docstring)."""
-    return [-d for d in _distances(histogram, quantile).tolist()]
+def utilities(histogram: Sequence[int], quantile: Fraction, mode: bool = False) -> list[int]:
+    """−⌈distance of p·n from each bin's rank interval⌉, or for the mode each bin's count
+    less the largest (see the module docstring).
+
+    >>> utilities((3, 0, 5, 5), Fraction(0), mode=True)
+    [-2, -5, 0, 0]
+    """
+    distances = _mode_distances(histogram) if mode else _distances(histogram, quantile)
+    return [-d for d in distances.tolist()]
+
+
+def _mode_distances(histogram: Sequence[int]) -> np.ndarray:
+    """max h − h_j per bin (int64: each is at most the group's rows)."""
+    counts = np.asarray(histogram, dtype=np.int64)
+    return (counts.max() - counts) if counts.size else counts
 
 
 def _distances(histogram: Sequence[int], quantile: Fraction) -> np.ndarray:
@@ -212,7 +233,7 @@ def decode_histogram(pairs: Iterable[Sequence[object]] | None, bins: int) -> tup
 def probabilities(spec: QuantileSpec, histogram: Sequence[int]) -> list[float]:
     """The exact output distribution over bins (for EXPLAIN-style checks and tests)."""
     rate = float(spec.rate)
-    logs = [rate * u for u in utilities(histogram, spec.quantile)]
+    logs = [rate * u for u in utilities(histogram, spec.quantile, spec.mode)]
     top = max(logs)
     weights = [math.exp(x - top) for x in logs]
     total = math.fsum(weights)
@@ -232,7 +253,8 @@ def sample_bin(spec: QuantileSpec, histogram: Sequence[int]) -> int:
     if len(histogram) != spec.binning.bins:
         raise InvalidParameterValue(
             f"histogram has {len(histogram)} bins, the spec {spec.binning.bins}")
-    distances = _distances(histogram, spec.quantile)  # γ_j = a·d_j
+    distances = _mode_distances(histogram) if spec.mode \
+        else _distances(histogram, spec.quantile)  # γ_j = a·d_j
     v, v_bits = secrets.randbits(64), 64
     digits = 0  # 0: the float pass; then decimal digits of the exact pass
     while True:
@@ -324,6 +346,17 @@ def _locate(v: int, v_bits: int, low: Sequence[int], high: Sequence[int]) -> int
 def release_quantile(spec: QuantileSpec, histogram: Sequence[int]) -> float:
     """The released quantile: the point of a bin drawn by the exponential mechanism."""
     return spec.binning.point(sample_bin(spec, histogram))
+
+
+def error_phrase(rows: float, mode: bool, digits: int = 4) -> str:
+    """`rank_error` in words: of a quantile's rank, or of a mode's count.
+
+    >>> error_phrase(10.6, False), error_phrase(10.6, True)
+    ('rank within ± 10.6 rows of p·n', 'count within 10.6 rows of the most frequent')
+    """
+    if mode:
+        return f"count within {rows:.{digits}g} rows of the most frequent"
+    return f"rank within ± {rows:.{digits}g} rows of p·n"
 
 
 def rank_error(spec: QuantileSpec, confidence: float) -> float:

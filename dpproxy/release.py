@@ -28,7 +28,7 @@ from .clock import date_of_day
 from .mechanisms import half_width, release_reaching, release_vectors
 from .plan import Measurement, QueryPlan
 from .postprocess import AggregateRef, Value, compare_values, evaluate, monotone_of
-from .quantiles import decode_histogram, rank_error, release_quantile
+from .quantiles import decode_histogram, error_phrase, rank_error, release_quantile
 from .selection import SelectionSpec, effective_threshold
 from .windows import compute as compute_windows
 
@@ -57,10 +57,11 @@ class ColumnAccuracy:
     # Quantiles (exponential mechanism): the released value's rank is within this many rows
     # of p·n at the confidence level; they have no value interval (see dpproxy.quantiles)
     rank_error: float | None = None
+    mode: bool = False  # MODE: rank_error is of the released value's count, not its rank
 
     def describe(self) -> str:
         if self.rank_error is not None:
-            spread = f"rank within ± {self.rank_error:.4g} rows of p·n"
+            spread = error_phrase(self.rank_error, self.mode)
         else:
             spread = (f"± {self.half_width:.4g}" if self.half_width is not None
                       else "interval per row")
@@ -193,7 +194,10 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
                 intervals_of[agg.sql] = [interval(agg.rule, r, halves, stats)
                                          for r in released_rows]
         values_of[agg.sql] = _rounded(values) if agg.rule.integer_result(stats) else values
-        if agg.rule.value_type == "date":  # measured in day numbers; ISO text, as date keys
+        if agg.rule.labels is not None:  # MODE of public values: drawn as their positions
+            labels = agg.rule.labels
+            values_of[agg.sql] = [labels[int(v)] for v in values_of[agg.sql]]
+        elif agg.rule.value_type == "date":  # day numbers; ISO text, as date keys
             values_of[agg.sql] = list(map(date_of_day, values_of[agg.sql]))
     key_names = [k.name for k in analysis.keys]
     keys_of = dict(zip(key_names, key_columns, strict=True))
@@ -500,7 +504,7 @@ def _accuracy(output: Output, plan: QueryPlan) -> ColumnAccuracy | None:
             name=output.name, aggregate=agg.sql, mechanism="exponential",
             noise_scales=(1 / float(quantile.rate),), epsilon=quantile.epsilon, delta=0.0,
             confidence=plan.options.confidence, half_width=None,
-            rank_error=rank_error(quantile, plan.options.confidence))
+            rank_error=rank_error(quantile, plan.options.confidence), mode=quantile.mode)
     noises = [m.noise for m in measurements if m.noise is not None]
     # local-DP aggregates name their randomization, and the central noise if there is any
     mechanism = " + ".join([*([agg.rule.mechanism] if agg.rule.mechanism else []),

@@ -27,6 +27,7 @@ from scipy.stats import chi2
 
 from dpproxy.backends import Backend
 from dpproxy.policy import Policy, load_policy
+from dpproxy.rewrite import rewrite
 from tests.exact import assert_within_bounds, exact_rows, plan_for
 from tests.tables import backend_section, database_fixtures
 
@@ -284,3 +285,34 @@ def test_heavy_unit_moves_no_answer_beyond_its_bound(policy: Policy, backend: Ba
                 groups = MAX_GROUPS if plan.analysis.keys else 1
                 assert sum(change.values()) == MAX_ROWS * groups
                 assert measurement.sensitivity == MAX_ROWS * groups
+
+
+def test_heavy_unit_moves_a_mode_histogram_by_its_bound(policy: Policy, backend: Backend
+                                                        ) -> None:
+    """MODE reads per group a histogram of v (one bin per integer 0-100), bounded by rows
+    drawn at random as quantiles are: unit 0's 50 rows (10 per group, v = 100 but for a
+    NULL every 7th row) add at most max_rows rows to at most max_groups groups'
+    histograms, over 10 fresh salts; without bounding they would add 8 or 9 per group."""
+    from dpproxy.quantiles import decode_histogram
+
+    def histograms(table: str) -> dict[Any, tuple[int, ...]]:
+        plan = plan_for(policy, f"SELECT g, MODE() WITHIN GROUP (ORDER BY v) FROM {table} "
+                                "GROUP BY g", analyst=ANALYST)
+        spec = plan.measurements[0].quantile
+        assert spec is not None and spec.mode and spec.binning.bins == UPPER + 1
+        rewritten = rewrite(plan, backend.dialect)
+        return {row[0]: decode_histogram(row[1], spec.binning.bins)
+                for row in backend.run_aggregate(rewritten.sql, rewritten.parameters())}
+
+    without = histograms("h0")
+    moved = 0
+    for _ in range(10):
+        got = histograms("h")
+        changes = {g: [a - b for a, b in zip(got[g], without.get(g, (0,) * len(got[g])),
+                                               strict=True)] for g in got}
+        assert all(c >= 0 for change in changes.values() for c in change)
+        assert all(sum(change) <= MAX_ROWS for change in changes.values())
+        assert sum(1 for change in changes.values() if any(change)) <= MAX_GROUPS
+        assert all(c == 0 for change in changes.values() for c in change[:UPPER])
+        moved += sum(sum(change) for change in changes.values())
+    assert moved > 0  # unit 0's rows do reach the histograms

@@ -58,6 +58,7 @@ from ..postprocess import (
     output_name,
     refer_to_aggregates,
 )
+from ..quantiles import MAX_BINS
 from ..windows import WindowCall, describe, extract, parts, result_type
 from .aggregates import (
     RULES,
@@ -65,6 +66,7 @@ from .aggregates import (
     VARIANCE_RULES,
     AggregateRule,
     Statistic,
+    mode_rule,
     quantile_rule,
 )
 from .buckets import fold_width_buckets
@@ -302,6 +304,11 @@ def _fold_within_group(select: exp.Select) -> exp.Select:
         if not isinstance(node, exp.WithinGroup):
             return node
         function, order = node.this, node.expression
+        if isinstance(function, exp.Mode) and function.this is None:
+            items = order.expressions if isinstance(order, exp.Order) else []
+            if len(items) != 1:
+                raise NotSupportedError("WITHIN GROUP takes exactly one ORDER BY expression")
+            return exp.Mode(this=items[0].this.copy())  # ties are no matter: one is drawn
         if not isinstance(function, exp.PercentileCont | exp.PercentileDisc) \
                 or function.args.get("expression") is not None:
             raise NotSupportedError(f"{node.sql('postgres')} is not supported",
@@ -643,6 +650,11 @@ def _aggregate_parts(node: exp.AggFunc, table: TablePolicy
         return node.key.lower(), arg
     if isinstance(node, exp.Median | exp.Min | exp.Max | exp.PercentileCont):
         return _quantile_parts(node)
+    if isinstance(node, exp.Mode):
+        if arg is None or isinstance(arg, exp.Distinct):
+            raise NotSupportedError("MODE needs WITHIN GROUP (ORDER BY …)",
+                                    hint="write MODE() WITHIN GROUP (ORDER BY expr)")
+        return "mode", arg
     if isinstance(node, exp.PercentileDisc):
         raise NotSupportedError(
             f"{node.sql('postgres')}: PERCENTILE_DISC returns a value of some row, which no "
@@ -679,10 +691,11 @@ def _quantile_parts(node: exp.AggFunc) -> tuple[str, exp.Expression | None]:
 def _check_date_values(aggregates: Sequence[AggregateCall], outputs: Sequence[Output],
                        having: exp.Expression | None, order: Sequence[OrderItem],
                        calls: Sequence[WindowCall]) -> None:
-    """A date's quantile (MIN(day), …) is an output or ORDER BY item of its own: the
-    post-processing of outputs computes with numbers, not dates."""
-    dated = {a.sql for a in aggregates if a.rule.value_type == "date"}
-    if not dated:
+    """A date's quantile (MIN(day), …) or a MODE of text or truth values is an output or
+    ORDER BY item of its own: the post-processing of outputs computes with numbers."""
+    typed = {a.sql: a.rule.value_type for a in aggregates
+             if a.rule.value_type in ("date", "text", "bool")}
+    if not typed:
         return
     places = [o.expression for o in outputs if o.aggregate is None]
     places += [having] if having is not None else []
@@ -690,12 +703,13 @@ def _check_date_values(aggregates: Sequence[AggregateCall], outputs: Sequence[Ou
     places += [part for call in calls for part in (*call.arguments, *call.partition,
                                                   *(i.expression for i in call.order))]
     for place in places:
-        used = next((r.this for r in place.find_all(AggregateRef) if r.this in dated), None)
+        used = next((r.this for r in place.find_all(AggregateRef) if r.this in typed), None)
         if used is not None:
+            what = {"date": "a date", "text": "text", "bool": "a truth value"}[typed[used]]
             raise NotSupportedError(
-                f"{used} is a date: it can be an output or an ORDER BY item on its own, "
+                f"{used} is {what}: it can be an output or an ORDER BY item on its own, "
                 "not part of an expression, HAVING or a window",
-                hint="select the date itself and compute with it in the client")
+                hint="select the value itself and compute with it in the client")
 
 
 def _date_as_days(key: str, node: exp.AggFunc, arg: exp.Expression, resolve: Resolver
@@ -718,6 +732,68 @@ def _date_as_days(key: str, node: exp.AggFunc, arg: exp.Expression, resolve: Res
     return days, ExprType("num", lower, upper, integer=True)
 
 
+def _mode_of_public_values(key: str, arg: exp.Expression, resolve: Resolver
+                           ) -> tuple[exp.Expression, ExprType, AggregateRule]:
+    """MODE of a column with public values: the position of its value in the list (CASE
+    col WHEN v0 THEN 0 …, NULL for a value outside it), drawn over the positions and
+    released as the value. Refused for other text: the candidates would be the rows' own
+    values."""
+    column_node = arg
+    while isinstance(column_node, exp.Paren):
+        column_node = column_node.this
+    column = resolve(column_node) if isinstance(column_node, exp.Column) else None
+    values = None if column is None else column.public_values if column.public_values \
+        is not None else (False, True) if column.type == "bool" else None
+    if column is None or values is None:
+        raise PrivacyViolation(
+            f"{key}: the values of {arg.sql('postgres')} are not public, so the most frequent "
+            "one could be a value of a single row",
+            hint="declare public_values for the column in the policy (the candidates), or "
+                 "take the MODE of a whole number with bounds")
+    if len(values) > MAX_BINS:
+        raise NotSupportedError(f"{key}: MODE draws among at most {MAX_BINS} values; "
+                                f"{column.name} has {len(values)} public values")
+    case = exp.Case(this=column_node.copy(), ifs=[
+        exp.If(this=_literal_of(v, column), true=exp.Literal.number(i))
+        for i, v in enumerate(values)])
+    return case, ExprType("num", 0, len(values) - 1, integer=True), \
+        mode_rule(tuple(values), _PG_TYPES[column.type])
+
+
+def _mode_of_truth(arg: exp.Expression) -> tuple[exp.Expression, ExprType, AggregateRule]:
+    """MODE of a truth value: false and true are the candidates, whatever the data."""
+    case = exp.Case(ifs=[exp.If(this=exp.paren(arg.copy()), true=exp.Literal.number(1)),
+                         exp.If(this=exp.Not(this=exp.paren(arg.copy())),
+                                true=exp.Literal.number(0))])
+    return case, ExprType("num", 0, 1, integer=True), mode_rule((False, True), "bool")
+
+
+def _literal_of(value: object, column: ColumnPolicy) -> exp.Expression:
+    if column.type == "bool":
+        return exp.Boolean(this=bool(value))
+    if column.type == "date":
+        return date_literal(str(value))
+    return exp.Literal.string(str(value))
+
+
+def _check_mode_candidates(key: str, arg: exp.Expression, t: ExprType) -> None:
+    """MODE over numbers draws among the whole numbers of the argument's bounds: one bin
+    per candidate, at most MAX_BINS of them."""
+    if t.kind == "null":
+        return
+    if not t.integer:
+        raise NotSupportedError(
+            f"{key}: MODE of {arg.sql('postgres')} needs whole numbers (a real number "
+            "rarely repeats)", hint="round it first, e.g. MODE() WITHIN GROUP (ORDER BY "
+                                    f"ROUND({arg.sql('postgres')}))")
+    if t.bounded and t.upper - t.lower + 1 > MAX_BINS:
+        raise NotSupportedError(
+            f"{key}: MODE draws among at most {MAX_BINS} values; {arg.sql('postgres')} "
+            f"ranges over {t.upper - t.lower + 1:,.0f}",
+            hint="clamp it to a narrower range with LEAST(GREATEST(…)), or bin it, e.g. "
+                 "with WIDTH_BUCKET")
+
+
 def _quantile_of(node: exp.Expression) -> Fraction:
     return _quantile_literal(node.args["expression"], "PERCENTILE_CONT")
 
@@ -729,6 +805,8 @@ def _quantile_clamp_hint(node: exp.Expression, arg: exp.Expression, t: ExprType)
     if isinstance(node, exp.PercentileCont):
         p = node.expression.sql("postgres")
         example = f"PERCENTILE_CONT({p}) WITHIN GROUP (ORDER BY {clamped})"
+    elif isinstance(node, exp.Mode):
+        example = f"MODE() WITHIN GROUP (ORDER BY {clamped})"
     else:
         example = f"{node.sql_name()}({clamped})"
     return (f"clamp the argument to bounds you choose, e.g. {example}, or declare lower/upper "
@@ -764,15 +842,23 @@ def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolve
                 rule = local[0]
             elif rule_name == "percentile_cont":
                 rule = quantile_rule(_quantile_of(node))
+            elif rule_name == "mode":
+                rule = mode_rule()
             else:
                 rule = RULES[rule_name]
             arg_type = None
             bounds = None
             if arg is not None:
                 arg_type = type_row_expression(arg, resolve)
+                if rule_name == "mode" and arg_type.kind == "bool":
+                    arg, arg_type, rule = _mode_of_truth(arg)
+                elif rule_name == "mode" and arg_type.kind not in ("num", "date", "null"):
+                    arg, arg_type, rule = _mode_of_public_values(key, arg, resolve)
                 if rule.exponential and arg_type.kind == "date":
                     arg, arg_type = _date_as_days(key, node, arg, resolve)
                     rule = replace(rule, value_type="date")
+                if rule_name == "mode":
+                    _check_mode_candidates(key, arg, arg_type)
                 if rule_name in ("sum", "avg") or rule_name in VARIANCE_RULES \
                         or rule.exponential:
                     name = node.sql_name() if rule.exponential else rule_name.upper()
@@ -816,7 +902,7 @@ def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolve
         # a quantile's statement counts per group and histogram bin, and distinct values
         # do not add up over bins
         raise NotSupportedError(
-            "COUNT(DISTINCT …) and a quantile (MEDIAN, PERCENTILE_CONT, MIN, MAX) in one "
+            "COUNT(DISTINCT …) and a quantile (MEDIAN, PERCENTILE_CONT, MIN, MAX, MODE) in one "
             "query are not supported", hint="ask for them in two queries")
     return tuple(statistics), tuple(aggregates.values())
 

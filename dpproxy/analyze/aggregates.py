@@ -54,6 +54,7 @@ class Statistic:
     exact: bool = False
     quantile: Fraction | None = None  # p, for kind "quantile"
     unit_total: bool = False
+    mode: bool = False  # kind "quantile" drawn by the count utility: MODE (see quantiles.py)
 
     @property
     def row_contribution(self) -> float:
@@ -83,7 +84,7 @@ class Statistic:
         """Equal identities compute the same number: measure it once."""
         arg = self.argument.sql("postgres") if self.argument is not None else None
         return (self.kind, arg, self.lower, self.upper, self.center, self.exact,
-                self.quantile, self.unit_total)
+                self.quantile, self.unit_total, self.mode)
 
     def describe(self) -> str:
         arg = self.argument.sql("postgres") if self.argument is not None else "*"
@@ -94,6 +95,8 @@ class Statistic:
         if self.kind == "count_distinct":
             return f"COUNT(DISTINCT {arg})"
         clamp = f"clamp({arg}, {self.lower:g}, {self.upper:g})"
+        if self.kind == "quantile" and self.mode:
+            return f"MODE of histogram({clamp})"
         if self.kind == "quantile":
             return f"QUANTILE {float(self.quantile or 0):g} of histogram({clamp})"
         return f"SUM({clamp} - {self.center:g})" if self.center else f"SUM({clamp})"
@@ -131,6 +134,9 @@ class AggregateRule:
     # "date": a quantile of a date measured as its day number (days since 1970-01-01),
     # released as the date (PostgreSQL type date); None: a number (int8 or float8)
     value_type: str | None = None
+    # MODE of a column with public values: the bins are those values' positions, released
+    # as the value itself (PostgreSQL type text)
+    labels: tuple[object, ...] | None = None
 
     @property
     def releases_its_statistic(self) -> bool:
@@ -245,6 +251,25 @@ def quantile_rule(quantile: Fraction) -> AggregateRule:
         lambda stats: (stats[0].lower, stats[0].upper),
         # whole numbers when each bin is one integer (see quantiles.binning_for)
         lambda stats: _quantile_integer(stats[0]), exponential=True)
+
+
+@functools.lru_cache(maxsize=256)  # labels are a policy's public values: few distinct
+def mode_rule(labels: tuple[object, ...] | None = None, value_type: str | None = None
+              ) -> AggregateRule:
+    """MODE() WITHIN GROUP (ORDER BY x): the exponential mechanism with the count utility
+    over one bin per candidate (`dpproxy.quantiles`): the integers of x's bounded range, or
+    with `labels` the positions 0 … k − 1 of a column's public values, released as the
+    value at that position, of PostgreSQL type `value_type`."""
+    def statistics(arg: exp.Expression | None, t: ExprType | None) -> list[Statistic]:
+        assert arg is not None and t is not None
+        return [Statistic("quantile", arg, t.lower, t.upper, 0.0, True,
+                          quantile=Fraction(0), mode=True)]
+
+    return AggregateRule(
+        "mode", statistics, _single, _no_interval, lambda stats: (stats[0].lower,
+                                                                 stats[0].upper),
+        lambda stats: True, exponential=True,
+        value_type=value_type, labels=labels)
 
 
 def _quantile_integer(s: Statistic) -> bool:
@@ -394,7 +419,8 @@ VARIANCE_RULES = ("var_pop", "var_samp", "stddev_pop", "stddev_samp")
 
 SUPPORTED_HELP = ("COUNT(*), COUNT(expr), COUNT(DISTINCT expr), SUM(expr), AVG(expr), "
                   "MEDIAN(expr), PERCENTILE_CONT(p) WITHIN GROUP (ORDER BY expr), MIN(expr), "
-                  "MAX(expr), VAR_POP, VAR_SAMP (VARIANCE), STDDEV_POP, STDDEV_SAMP (STDDEV)")
+                  "MAX(expr), MODE() WITHIN GROUP (ORDER BY expr), VAR_POP, VAR_SAMP "
+                  "(VARIANCE), STDDEV_POP, STDDEV_SAMP (STDDEV)")
 
 
 def combine(rule: AggregateRule, values: Values, stats: Stats) -> float:

@@ -97,10 +97,15 @@ def output_name(item: exp.Expression) -> str:
         return "var_samp"
     if isinstance(item, exp.Anonymous):
         return item.name.lower()
-    if isinstance(item, exp.CurrentTimestamp) and "start" in item.meta:
-        # sqlglot reads now() and CURRENT_TIMESTAMP as one node; only the call (the
-        # function syntax) records where it was written
-        return "now"
+    if isinstance(item, exp.CurrentTimestamp | exp.Pow | exp.Mod) and "start" in item.meta:
+        # sqlglot reads now() and CURRENT_TIMESTAMP as one node, POWER(a, b) and a ^ b,
+        # MOD(a, b) and a % b too; only a call (the function syntax) records where its name
+        # was written, and PostgreSQL names only calls
+        if isinstance(item, exp.CurrentTimestamp):
+            return "now"
+        if isinstance(item, exp.Mod):
+            return "mod"
+        return "pow" if item.meta["end"] - item.meta["start"] == 2 else "power"
     if isinstance(item, exp.DateTrunc | exp.TimestampTrunc):
         return "date_trunc"  # sqlglot's node names differ from the SQL function's
     if isinstance(item, exp.TimeToStr):

@@ -183,11 +183,15 @@ def test_output_name_as_postgresql_names_it(sql: str, name: str) -> None:
 @pytest.mark.parametrize(("sql", "name"), [
     ("(sex)", "sex"),
     ("(COUNT(*))", "count"),
-    pytest.param("POWER(COUNT(*), 2)", "power", marks=pytest.mark.xfail(strict=True, reason=(
-        "sqlglot parses POWER(a, b) and a ^ b into the same node, and MOD(a, b) and a % b "
-        "too; PostgreSQL names only the function forms"))),
-    pytest.param("MOD(COUNT(*), 2)", "mod", marks=pytest.mark.xfail(strict=True, reason=(
-        "sqlglot parses MOD(a, b) and a % b into the same node"))),
+    # sqlglot parses POWER(a, b) and a ^ b into one node, MOD(a, b) and a % b too, and
+    # now() and CURRENT_TIMESTAMP: PostgreSQL names only the function forms
+    ("POWER(COUNT(*), 2)", "power"),
+    ("pow(COUNT(*), 2)", "pow"),
+    ("COUNT(*) ^ 2", "?column?"),
+    ("MOD(COUNT(*), 2)", "mod"),
+    ("COUNT(*) % 2", "?column?"),
+    ("now()", "now"),
+    ("CURRENT_TIMESTAMP", "current_timestamp"),
     ("CAST(COUNT(*) * 2 AS FLOAT)", "float8"),
 ])
 def test_output_name_corner_cases(sql: str, name: str) -> None:

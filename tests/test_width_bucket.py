@@ -230,6 +230,8 @@ def test_bounded_sum_of_bins(engine: Engine) -> None:
      "constants"),
     ("SELECT WIDTH_BUCKET(age, 0, 'NaN', 3), COUNT(*) FROM adult GROUP BY 1", "0A000",
      "constants"),
+    ("SELECT WIDTH_BUCKET(capital_gain, -1e300, 1e300, 10), COUNT(*) FROM adult GROUP BY 1",
+     "0A000", "fewer bins"),
 ])
 def test_bad_constants_are_refused(engine: Engine, sql: str, sqlstate: str, words: str
                                    ) -> None:

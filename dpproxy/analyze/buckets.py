@@ -33,6 +33,7 @@ from sqlglot import exp
 from ..errors import InvalidArgumentForWidthBucket, NotSupportedError
 
 _MAX_COUNT = 2**31 - 1  # PostgreSQL's count is an integer; n + 1 must fit one too
+_MAX_SPAN = Decimal("1e300")  # n · (high − low): far inside DOUBLE's range
 
 
 def fold_width_buckets(select: exp.Expression) -> exp.Expression:
@@ -71,6 +72,11 @@ def _case(node: exp.WidthBucket) -> exp.Case:
             "0, 100, 10) for ten bins of width 10")
     if low == high:
         raise InvalidArgumentForWidthBucket("lower bound cannot equal upper bound")
+    if n * abs(high - low) >= _MAX_SPAN:
+        # n · (x − low) would overflow DOUBLE on DuckDB and saturate every bin to n
+        raise NotSupportedError(
+            f"WIDTH_BUCKET's count × (high − low) must stay below {_MAX_SPAN:.0e}",
+            hint="use fewer bins or narrower bounds")
     bins = int(n)
     # x in [lo, hi) (or (hi, lo] downwards): FLOOR(n · distance from lo / width) + 1, the
     # distance clamped and the bin capped at n so the branch is bounded on its own

@@ -75,6 +75,30 @@ def refer_to_aggregates(node: exp.Expression, names: Mapping[str, str]) -> exp.E
 Env = tuple[Mapping[str, Value], Mapping[str, Value]]  # (aggregates by SQL, keys by name)
 
 
+# sqlglot nodes whose own name is not the function's as analysts write it in PostgreSQL
+# (or DuckDB, for the ones PostgreSQL lacks)
+_WRITTEN_NAMES: dict[type[exp.Expression], str] = {
+    exp.GroupConcat: "STRING_AGG", exp.LogicalOr: "BOOL_OR", exp.LogicalAnd: "BOOL_AND",
+    exp.ApproxDistinct: "APPROX_COUNT_DISTINCT", exp.JSONArrayAgg: "JSON_AGG",
+    exp.BitwiseOrAgg: "BIT_OR", exp.BitwiseAndAgg: "BIT_AND", exp.CountIf: "COUNT_IF",
+    exp.TimeToStr: "TO_CHAR", exp.DateTrunc: "DATE_TRUNC", exp.TimestampTrunc: "DATE_TRUNC",
+}
+
+
+def written_name(node: exp.Func) -> str:
+    """A function's name as the analyst wrote it, for messages: `STRING_AGG`, not sqlglot's
+    GROUP_CONCAT; an unknown function's own name, not ANONYMOUS.
+
+    >>> import sqlglot
+    >>> [written_name(sqlglot.parse_one(f"SELECT {f}", read="postgres").expressions[0])
+    ...  for f in ("STRING_AGG(a, ',')", "age(a, b)", "SUM(a)")]
+    ['STRING_AGG', 'AGE', 'SUM']
+    """
+    if isinstance(node, exp.Anonymous):
+        return node.name.upper()
+    return _WRITTEN_NAMES.get(type(node), node.sql_name())
+
+
 def output_name(item: exp.Expression) -> str:
     """The column name PostgreSQL gives a select-list item: alias, column, function, ?column?."""
     if isinstance(item, exp.Alias):
@@ -106,10 +130,9 @@ def output_name(item: exp.Expression) -> str:
         if isinstance(item, exp.Mod):
             return "mod"
         return "pow" if item.meta["end"] - item.meta["start"] == 2 else "power"
-    if isinstance(item, exp.DateTrunc | exp.TimestampTrunc):
-        return "date_trunc"  # sqlglot's node names differ from the SQL function's
-    if isinstance(item, exp.TimeToStr):
-        return "to_char"
+    if isinstance(item, exp.ApproxDistinct | exp.CountIf | exp.DateTrunc | exp.TimestampTrunc
+                  | exp.TimeToStr):
+        return written_name(item).lower()  # sqlglot's node names differ from the function's
     if isinstance(item, exp.Trim):  # PostgreSQL runs TRIM as btrim, ltrim or rtrim
         position = str(item.args.get("position") or "").upper()
         return {"LEADING": "ltrim", "TRAILING": "rtrim"}.get(position, "btrim")
@@ -133,10 +156,8 @@ def check_output_expression(node: exp.Expression, check_key: Callable[[exp.Colum
     if type(node) not in _HANDLERS:
         if isinstance(node, exp.Anonymous):
             what = f"function {node.name}"
-        elif isinstance(node, exp.TimeToStr):  # sqlglot's name for TO_CHAR
-            what = "TO_CHAR"
         elif isinstance(node, exp.Func):
-            what = node.sql_name()
+            what = written_name(node)
         else:
             what = node.sql("postgres")
         raise NotSupportedError(f"{what} is not supported on query outputs",

@@ -70,6 +70,25 @@ def test_explain_states_the_sensitivity_of_kept_rows(make_policy: PolicyFactory)
         assert engine.ledger.status("analyst:alice").spent.epsilon == 0
 
 
+def test_duckdb_spellings_measure_what_they_stand_for(make_policy: PolicyFactory) -> None:
+    """APPROX_COUNT_DISTINCT(x) is COUNT(DISTINCT x) (of the privacy unit: its own
+    statistic), COUNT_IF(c) is COUNT(*) FILTER (WHERE c): beside each other they are one
+    measurement, and the columns keep the names written."""
+    with Engine.from_path(make_policy()) as engine:
+        alice = engine.session("alice")
+        plan = "\n".join(str(r[0]) for r in alice.execute(
+            "EXPLAIN SELECT APPROX_COUNT_DISTINCT(day), COUNT(DISTINCT day), "
+            "APPROX_COUNT_DISTINCT(person_id), COUNT_IF(amount > 100), "
+            "COUNT(*) FILTER (WHERE amount > 100) FROM visits").rows)
+        measured = [line for line in plan.splitlines() if line.startswith("  m")]
+        assert len(measured) == 3, plan
+        assert any("COUNT(DISTINCT day)" in line for line in measured)
+        assert any("COUNT(DISTINCT privacy unit)" in line for line in measured)
+        result = alice.execute("SELECT APPROX_COUNT_DISTINCT(day), COUNT_IF(amount > 100) "
+                               "FROM visits")
+        assert result.columns == ("approx_count_distinct", "count_if")
+
+
 NO_UNIT = {'privacy_unit = "person_id"\nmax_groups_per_unit = 1\nmax_rows_per_unit = 1\n': ""}
 
 

@@ -57,6 +57,7 @@ from ..postprocess import (
     infer_type,
     output_name,
     refer_to_aggregates,
+    written_name,
 )
 from ..quantiles import MAX_BINS
 from ..windows import WindowCall, describe, extract, parts, result_type
@@ -644,6 +645,10 @@ def _aggregate_parts(node: exp.AggFunc, table: TablePolicy
                 return "count_units", None
             return "count_distinct", cols[0]
         return "count", arg
+    if isinstance(node, exp.ApproxDistinct):  # a DP distinct count is an estimate anyway
+        return _aggregate_parts(exp.Count(this=exp.Distinct(expressions=[arg])), table)
+    if isinstance(node, exp.CountIf):  # DuckDB's COUNT_IF(c): COUNT(CASE WHEN c THEN 1 END)
+        return "count", exp.Case(ifs=[exp.If(this=arg, true=exp.Literal.number(1))])
     if isinstance(node, exp.Sum | exp.Avg):
         if isinstance(arg, exp.Distinct):
             raise NotSupportedError(f"{node.key.upper()}(DISTINCT …) is not supported")
@@ -667,7 +672,16 @@ def _aggregate_parts(node: exp.AggFunc, table: TablePolicy
                 f"{variance.upper()}(DISTINCT …) is not supported",
                 hint=f"{variance.upper()} over all rows is; duplicates are part of the spread")
         return variance, arg
-    raise NotSupportedError(f"aggregate {node.sql_name()} is not supported",
+    if isinstance(node, exp.GroupConcat | exp.ArrayAgg | exp.JSONArrayAgg | exp.AnyValue):
+        raise PrivacyViolation(
+            f"{written_name(node)} returns values of the rows themselves, which no noise can "
+            "protect", hint="GROUP BY the column, if its values are public, and COUNT(*)")
+    if isinstance(node, exp.LogicalOr | exp.LogicalAnd):
+        raise NotSupportedError(
+            f"aggregate {written_name(node)} is not supported: whether any row (or every row) "
+            "matches can turn on one person", hint="count the rows that match instead, "
+                                                   "COUNT(*) FILTER (WHERE …), and compare")
+    raise NotSupportedError(f"aggregate {written_name(node)} is not supported",
                             hint=f"supported aggregates: {SUPPORTED_HELP}")
 
 

@@ -38,6 +38,7 @@ from ..errors import (
     UndefinedColumn,
 )
 from ..policy import ColumnPolicy
+from ..postprocess import written_name
 from . import regex, to_char
 
 Kind = Literal["num", "text", "date", "bool", "null", "unknown"]
@@ -188,7 +189,7 @@ class _RowTyper:
         if isinstance(node, exp.Placeholder | exp.Parameter):
             raise ProgrammingError("a query parameter was not bound to a value",
                                    hint="pass one parameter per placeholder")
-        name = node.sql("postgres") if not isinstance(node, exp.Func) else node.sql_name()
+        name = node.sql("postgres") if not isinstance(node, exp.Func) else written_name(node)
         raise NotSupportedError(
             f"{name} is not supported in a row expression",
             hint=f"supported: {_ROW_FUNCTIONS_HELP}")

@@ -6,7 +6,8 @@ It reads no data and charges nothing.
 from __future__ import annotations
 
 from .accountant import Cost
-from .analyze import AggregateCall
+from .analyze import AggregateCall, GroupKey
+from .analyze.expressions import written_sql
 from .clock import date_of_day
 from .mechanisms import half_width
 from .plan import QueryPlan, aggregate_epsilons, format_split
@@ -48,13 +49,13 @@ def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -
                       "keeps at most one joined row")
         lines.append(f"Join: {join.describe()} ({effect})")
     if analysis.keys and plan.selection is None:
-        keys = ", ".join(f"{k.name} ({len(k.values or ())} public values"
+        keys = ", ".join(f"{_key_text(k)} ({len(k.values or ())} public values"
                          f"{f', the image of the public values of {k.source}' if k.source else ''})"
                          for k in analysis.keys)
         lines.append(f"Groups: {keys}; {analysis.group_count} group(s) released, zeros included")
     elif analysis.keys:
         sel = plan.selection
-        keys = ", ".join(k.name if k.values is None else f"{k.name} (public)"
+        keys = ", ".join(_key_text(k) if k.values is None else f"{_key_text(k)} (public)"
                          for k in analysis.keys)
         if sel.measurement is not None:
             count = plan.measurements[sel.measurement]
@@ -103,7 +104,7 @@ def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -
             f"{options.confidence:.0%} ± {m.half_width:.6g}")
     for agg, epsilon in zip(analysis.aggregates, aggregate_epsilons(plan), strict=True):
         parts = ", ".join(plan.measurements[i].column for i in agg.statistics)
-        lines.append(f"  {agg.sql} from {parts}"
+        lines.append(f"  {agg.written or agg.sql} from {parts}"
                      + (f", debiased: {agg.rule.mechanism}" if agg.rule.mechanism else "")
                      + aggregate_error(plan, agg, epsilon)
                      + (f"; candidates: {len(agg.rule.labels)} public values"
@@ -152,6 +153,11 @@ def aggregate_error(plan: QueryPlan, agg: AggregateCall, epsilon: float) -> str:
     errors = ", ".join(f"± {agg.rule.error_at(halves, stats, n):.4g} at {n:,} rows"
                        for n in EXAMPLE_COUNTS)
     return text + f", {confidence:.0%} about {errors} (interval per row)"
+
+
+def _key_text(key: GroupKey) -> str:
+    """A group key as written (`WIDTH_BUCKET(age, 0, 100, 10)`, not the CASE it folds to)."""
+    return written_sql(key.expression) if key.expression is not None else key.name
 
 
 def _bound(agg: AggregateCall, side: int) -> str:

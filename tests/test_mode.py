@@ -170,6 +170,20 @@ def test_mode_types_over_the_wire(serve: ServeFactory) -> None:
         assert cur.description is not None and cur.description[0].type_code == 1082
 
 
+def test_explain_names_the_candidates(engine: Engine) -> None:
+    """EXPLAIN shows each mode's candidates and the count utility, and charges nothing."""
+    lines = [str(r[0]) for r in engine.session("alice").execute(
+        "EXPLAIN SELECT MODE() WITHIN GROUP (ORDER BY education), MODE() WITHIN GROUP "
+        "(ORDER BY age > 40), MODE() WITHIN GROUP (ORDER BY age) FROM adult").rows]
+    text = "\n".join(lines)
+    assert "m0 = MODE of histogram(education over its 16 values): exponential mechanism " \
+           "over 16 one-integer bins; count utility" in text
+    assert "MODE of histogram(age > 40 over its 2 values)" in text
+    assert "MODE of histogram(clamp(age, 17, 90)): exponential mechanism over 74" in text
+    assert "candidates: 16 public values" in text and "argument bounds [17, 90]" in text
+    assert engine.ledger.status("analyst:alice").spent.epsilon == 0
+
+
 @pytest.mark.parametrize("sql, sqlstate, words", [
     # candidates read from the data: refused, with the policy change that fixes it
     ("SELECT MODE() WITHIN GROUP (ORDER BY LOWER(sex)) FROM adult", "42501",

@@ -78,6 +78,7 @@ from .expressions import (
     date_bounds,
     make_resolver,
     type_row_expression,
+    written_sql,
 )
 from .inline import inline
 from .joins import Join, resolve_joins
@@ -109,6 +110,8 @@ class AggregateCall:
     statistics: tuple[int, ...]  # indexes into Analysis.statistics
     # The bounds derived for the row-expression argument (EXPLAIN shows them), if bounded
     argument_bounds: tuple[float, float] | None = None
+    # As written, where a fold rewrote part of it (`written_sql`): EXPLAIN shows this
+    written: str | None = None
 
 
 @dataclass(frozen=True)
@@ -770,6 +773,7 @@ def _mode_of_public_values(key: str, arg: exp.Expression, resolve: Resolver
     case = exp.Case(this=column_node.copy(), ifs=[
         exp.If(this=_literal_of(v, column), true=exp.Literal.number(i))
         for i, v in enumerate(values)])
+    case.meta.update(written=column_node.sql("postgres"), candidates=len(values))
     return case, ExprType("num", 0, len(values) - 1, integer=True), \
         mode_rule(tuple(values), _PG_TYPES[column.type])
 
@@ -779,6 +783,7 @@ def _mode_of_truth(arg: exp.Expression) -> tuple[exp.Expression, ExprType, Aggre
     case = exp.Case(ifs=[exp.If(this=exp.paren(arg.copy()), true=exp.Literal.number(1)),
                          exp.If(this=exp.Not(this=exp.paren(arg.copy())),
                                 true=exp.Literal.number(0))])
+    case.meta.update(written=arg.sql("postgres"), candidates=2)
     return case, ExprType("num", 0, 1, integer=True), mode_rule((False, True), "bool")
 
 
@@ -910,7 +915,9 @@ def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolve
                     statistics.append(statistic)
                     same = len(statistics) - 1
                 indexes.append(same)
-            aggregates[key] = AggregateCall(key, rule, tuple(indexes), bounds)
+            written = written_sql(node)
+            aggregates[key] = AggregateCall(key, rule, tuple(indexes), bounds,
+                                            written if written != key else None)
     kinds = {s.kind for s in statistics}
     if {"count_distinct", "quantile"} <= kinds:
         # a quantile's statement counts per group and histogram bin, and distinct values

@@ -18,7 +18,7 @@ from typing import Literal
 from sqlglot import exp
 
 from ..quantiles import binning_for
-from .expressions import ExprType
+from .expressions import ExprType, written_sql
 
 StatisticKind = Literal["count", "sum", "count_units", "count_distinct", "quantile"]
 INF = math.inf
@@ -87,7 +87,7 @@ class Statistic:
                 self.quantile, self.unit_total, self.mode)
 
     def describe(self) -> str:
-        arg = self.argument.sql("postgres") if self.argument is not None else "*"
+        arg = written_sql(self.argument) if self.argument is not None else "*"
         if self.kind == "count":
             return f"COUNT({arg})"
         if self.kind == "count_units":
@@ -96,7 +96,9 @@ class Statistic:
             return f"COUNT(DISTINCT {arg})"
         clamp = f"clamp({arg}, {self.lower:g}, {self.upper:g})"
         if self.kind == "quantile" and self.mode:
-            return f"MODE of histogram({clamp})"
+            candidates = self.argument.meta.get("candidates") if self.argument else None
+            return f"MODE of histogram({arg} over its {candidates} values)" \
+                if candidates else f"MODE of histogram({clamp})"
         if self.kind == "quantile":
             return f"QUANTILE {float(self.quantile or 0):g} of histogram({clamp})"
         return f"SUM({clamp} - {self.center:g})" if self.center else f"SUM({clamp})"

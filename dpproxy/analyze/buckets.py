@@ -44,7 +44,11 @@ def fold_width_buckets(select: exp.Expression) -> exp.Expression:
         return select
 
     def fold(node: exp.Expression) -> exp.Expression:
-        return _case(node) if isinstance(node, exp.WidthBucket) else node
+        if not isinstance(node, exp.WidthBucket):
+            return node
+        case = _case(node)
+        case.meta["written"] = node.sql("postgres")  # for EXPLAIN (`written_sql`)
+        return case
 
     folded = select.transform(fold)
     if isinstance(folded, exp.Select):

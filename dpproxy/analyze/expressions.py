@@ -125,6 +125,23 @@ def _compatible(a: ExprType, b: ExprType) -> bool:
     return a.kind == b.kind
 
 
+def written_sql(node: exp.Expression) -> str:
+    """A row expression's SQL for EXPLAIN and messages: where the analyzer folded a call into
+    another form (WIDTH_BUCKET into a CASE, a MODE's public values into their positions),
+    the call as written (the form keeps it in `meta["written"]`), else the canonical SQL.
+
+    >>> from sqlglot import parse_one
+    >>> case = parse_one("CASE WHEN a < 0 THEN 0 END", read="postgres")
+    >>> case.meta["written"] = "WIDTH_BUCKET(a, 0, 1, 1)"
+    >>> written_sql(exp.Add(this=case, expression=exp.Literal.number(1)))
+    'WIDTH_BUCKET(a, 0, 1, 1) + 1'
+    """
+    if "written" not in node.meta and not any("written" in n.meta for n in node.walk()):
+        return node.sql("postgres")
+    return node.transform(lambda n: exp.Var(this=n.meta["written"]) if "written" in n.meta
+                          else n).sql("postgres")
+
+
 def column_name(node: exp.Column) -> str:
     return node.name
 

@@ -20,7 +20,7 @@ import datetime as dt
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal
 from typing import Any, ClassVar
 
 from sqlglot import exp
@@ -29,8 +29,8 @@ from .clock import parse_date
 from .errors import InvalidTextRepresentation, NotSupportedError
 
 OUTPUT_FUNCTIONS_HELP = (
-    "+ - * / %, ROUND, ABS, FLOOR, CEIL, SQRT, POWER, LEAST, GREATEST, COALESCE, NULLIF, CASE, "
-    "CAST, comparisons, AND/OR/NOT, IS NULL"
+    "+ - * / %, ROUND, TRUNC, ABS, FLOOR, CEIL, SQRT, POWER, LEAST, GREATEST, COALESCE, "
+    "NULLIF, CASE, CAST, comparisons, AND/OR/NOT, IS NULL"
 )
 
 Value = Any  # int | float | str | bool | None
@@ -247,7 +247,7 @@ def monotone_of(node: exp.Expression) -> tuple[str, int] | None:
     """
     if isinstance(node, AggregateRef):
         return str(node.this), 1
-    if isinstance(node, exp.Paren | exp.Round | exp.Floor | exp.Ceil):
+    if isinstance(node, exp.Paren | exp.Round | exp.Floor | exp.Ceil | exp.Trunc):
         return monotone_of(node.this)
     if isinstance(node, exp.Cast):
         return monotone_of(node.this) if node.to.is_type(*exp.DataType.NUMERIC_TYPES) else None
@@ -333,6 +333,17 @@ def _round(node: exp.Round, env: Env) -> Value:
     # PostgreSQL rounds halves away from zero
     rounded = Decimal(repr(value)).quantize(Decimal(1).scaleb(-int(digits)), ROUND_HALF_UP)
     return int(rounded) if isinstance(value, int) else float(rounded)
+
+
+def _trunc(node: exp.Trunc, env: Env) -> Value:
+    value = _ev(node.this, env)
+    digits = _ev(node.args.get("decimals"), env) if node.args.get("decimals") else 0
+    if value is None or digits is None:
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return value
+    truncated = Decimal(repr(value)).quantize(Decimal(1).scaleb(-int(digits)), ROUND_DOWN)
+    return int(truncated) if isinstance(value, int) else float(truncated)
 
 
 def _unary(fn: Callable[[Value], Value]) -> Callable[[exp.Expression, Env], Value]:
@@ -481,6 +492,7 @@ _HANDLERS: dict[type[exp.Expression], Callable[[Any, Env], Value]] = {
     exp.Div: _arith(_divide),
     exp.Mod: _arith(_modulo),
     exp.Round: _round,
+    exp.Trunc: _trunc,
     exp.Abs: _unary(abs),
     exp.Floor: _unary(lambda v: math.floor(v) if isinstance(v, int) else float(math.floor(v))),
     exp.Ceil: _unary(lambda v: math.ceil(v) if isinstance(v, int) else float(math.ceil(v))),
@@ -551,7 +563,7 @@ def infer_type(node: exp.Expression, aggregate_types: Mapping[str, str],
             return "int8" if both == {"int8"} else "float8"
         if isinstance(n, exp.Sqrt | exp.Pow):
             return "float8"
-        if isinstance(n, exp.Round) and n.args.get("decimals") is not None:
+        if isinstance(n, exp.Round | exp.Trunc) and n.args.get("decimals") is not None:
             return "float8"
         if isinstance(n, exp.Case):
             branches = [b.args["true"] for b in n.args.get("ifs", [])]

@@ -51,7 +51,7 @@ from sqlglot import exp
 
 from .analyze import Analysis, GroupKey, to_char
 from .analyze.aggregates import Statistic
-from .analyze.expressions import make_resolver, type_row_expression
+from .analyze.expressions import constant_digits, make_resolver, type_row_expression
 from .bounds import BoundCheck, Unbounded, bound_check
 from .clock import date_literal
 from .plan import Measurement, QueryPlan
@@ -202,7 +202,20 @@ def _total_node(node: exp.Expression, table: TablePolicy, integer_valued: bool
     if isinstance(node, exp.Length):
         return exp.cast(node, _DOUBLE)
     if isinstance(node, exp.Round) and node.args.get("decimals") is not None:
-        return _round_to_digits(node.this, int(float(node.args["decimals"].this)))
+        digits = constant_digits(node.args["decimals"])
+        assert digits is not None, "the analyzer takes constant digits only"
+        return _round_to_digits(node.this, digits)
+    if isinstance(node, exp.Trunc) and node.args.get("decimals") is not None:
+        # whole tens, hundreds… (the analyzer takes no positive digits), written out as
+        # ROUND is: TRUNC(x / 10^k) · 10^k, in DOUBLE
+        digits = constant_digits(node.args["decimals"])
+        assert digits is not None, "the analyzer takes constant digits only"
+        if digits >= 0:
+            return exp.func("TRUNC", node.this)
+        scale = exp.Literal.number(repr(10.0 ** min(-digits, 300)))
+        return _in_double(exp.Mul(this=exp.func("TRUNC", exp.Div(
+            this=node.this, expression=scale.copy(), typed=False, safe=False)),
+            expression=scale))
     if isinstance(node, exp.RegexpLike | exp.RegexpILike):
         # `.` matches a newline, as in PostgreSQL (option s); ~* ignores case (option i)
         options = "is" if isinstance(node, exp.RegexpILike) else "s"

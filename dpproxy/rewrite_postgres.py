@@ -144,7 +144,9 @@ def _total_node(old: exp.Expression, new: exp.Expression, table: TablePolicy, ty
     if isinstance(new, exp.Literal) and not new.is_string:
         # NUMERIC, not int4: CASE WHEN … THEN 2147483647 END * 2 cannot overflow. Kept:
         # ROUND's digits and the days of date ± n, which PostgreSQL wants as integers.
-        if old.arg_key == "decimals" or _is_date_arithmetic(old.parent, typed):
+        negated_digits = isinstance(old.parent, exp.Neg) and old.parent.arg_key == "decimals"
+        if old.arg_key == "decimals" or negated_digits or _is_date_arithmetic(old.parent,
+                                                                               typed):
             return new
         return _numeric(new)
     if isinstance(new, exp.Div):
@@ -425,7 +427,7 @@ def _digits(node: exp.Expression, typed: Typer) -> tuple[int, int]:
         (a, _), (_, sb) = children[0], children[1]
         # |a / b| <= |a| / (smallest nonzero |b|) = |a| * 10^(decimals of b)
         return a + sb + 1, _DIVISION_SCALE
-    if isinstance(node, exp.Round | exp.Floor | exp.Ceil):
+    if isinstance(node, exp.Round | exp.Floor | exp.Ceil | exp.Trunc):
         return before + 1, after
     return before, after
 

@@ -105,6 +105,18 @@ def test_round_halves_away_from_zero(sql: str, expected: Any) -> None:
     assert same(ev(sql), expected), ev(sql)
 
 
+@pytest.mark.parametrize(("sql", "expected"), [
+    ("TRUNC(2.789)", 2.0), ("TRUNC(-2.789)", -2.0), ("TRUNC(2.789, 1)", 2.7),
+    ("TRUNC(-2.789, 2)", -2.78), ("TRUNC(0.29, 2)", 0.29), ("TRUNC(1299, -2)", 1200),
+    ("TRUNC(-1299, -2)", -1200), ("TRUNC(7)", 7), ("TRUNC(AVG(x))", 2.0),
+    ("TRUNC(NULL)", None), ("TRUNC(2.5, NULL)", None),
+])
+def test_trunc_goes_toward_zero(sql: str, expected: Any) -> None:
+    """As PostgreSQL's NUMERIC trunc: toward zero, at the digit asked (0.29 stays 0.29,
+    which a DOUBLE 0.29 · 100 would not)."""
+    assert same(ev(sql), expected), ev(sql)
+
+
 def test_round_with_null_digits_is_null() -> None:
     assert ev("ROUND(2.5, NULL)") is None
 

@@ -77,7 +77,7 @@ _EXTRACT_PARTS: dict[str, bool] = {
 DATE_TRUNC_UNITS = ("microseconds", "milliseconds", "second", "minute", "hour", "day", "week",
                     "month", "quarter", "year", "decade", "century", "millennium")
 _ROW_FUNCTIONS_HELP = (
-    "+ - * / %, ABS, ROUND, FLOOR, CEIL, LEAST, GREATEST, CASE, COALESCE, NULLIF, CAST, "
+    "+ - * / %, ABS, ROUND, FLOOR, CEIL, TRUNC, LEAST, GREATEST, CASE, COALESCE, NULLIF, CAST, "
     "comparisons, AND/OR/NOT, IN (list), BETWEEN, LIKE/ILIKE, IS NULL, LOWER, UPPER, LENGTH, "
     "TRIM, SUBSTRING, ||, ~ and ~* (regular expressions), EXTRACT, DATE_TRUNC, "
     "TO_CHAR(date, format), WIDTH_BUCKET with constant bounds"
@@ -123,6 +123,27 @@ def _compatible(a: ExprType, b: ExprType) -> bool:
     if "null" in (a.kind, b.kind) or "unknown" in (a.kind, b.kind):
         return True  # NULL and quoted literals coerce (PostgreSQL's "unknown" type)
     return a.kind == b.kind
+
+
+def constant_digits(node: exp.Expression) -> int | None:
+    """The number of digits of ROUND(x, n) or TRUNC(x, n) when n is a whole constant,
+    possibly negative (tens, hundreds…); else None.
+
+    >>> from sqlglot import parse_one
+    >>> [constant_digits(parse_one(t, read="postgres")) for t in ("2", "-1", "(-3)", "a")]
+    [2, -1, -3, None]
+    """
+    sign = 1
+    while isinstance(node, exp.Paren | exp.Neg | exp.Cast):  # (the total form casts it)
+        sign = -sign if isinstance(node, exp.Neg) else sign
+        node = node.this
+    if not isinstance(node, exp.Literal) or node.is_string:
+        return None
+    try:
+        value = float(node.this)
+    except ValueError:
+        return None
+    return sign * int(value) if value.is_integer() and abs(value) < 10_000 else None
 
 
 def written_sql(node: exp.Expression) -> str:
@@ -332,10 +353,11 @@ class _RowTyper:
         t = self._numeric(node.this, name)
         d = 0
         if digits is not None:
-            if not isinstance(digits, exp.Literal) or digits.is_string:
+            d_or_none = constant_digits(digits)
+            if d_or_none is None:
                 raise NotSupportedError(f"{name} takes a constant number of digits")
-            d = int(float(digits.this))
-        step = 10.0 ** (-d)
+            d = d_or_none
+        step = 10.0 ** min(-d, 300)
         return replace(t, lower=t.lower - step, upper=t.upper + step, integer=d <= 0)
 
     def _Round(self, node: exp.Round) -> ExprType:
@@ -346,6 +368,16 @@ class _RowTyper:
 
     def _Ceil(self, node: exp.Ceil) -> ExprType:
         return self._rounding(node, "CEIL", node.args.get("decimals"))
+
+    def _Trunc(self, node: exp.Trunc) -> ExprType:
+        t = self._rounding(node, "TRUNC", node.args.get("decimals"))
+        if not t.integer:
+            # DuckDB would truncate the DOUBLE (0.29 · 100 is 28.999…: 0.28), PostgreSQL the
+            # NUMERIC (0.29): whole tens, hundreds… only
+            raise NotSupportedError(
+                "TRUNC to decimal places is not supported: the two backends' arithmetic "
+                "differs there", hint="TRUNC(x), TRUNC(x, -1) (tens) or ROUND(x, digits)")
+        return t
 
     def _extremum(self, node: exp.Expression, smallest: bool) -> ExprType:
         args = [node.this, *node.expressions]

@@ -278,6 +278,8 @@ class Cursor:
         self._result = None
         if params is not None:
             sql = unescape_percent(sql)
+        # grants edited in the policy file apply from the next statement, as on the server
+        session.engine.refresh_analysts()
         self._result = session.execute(sql, params)
         self._python_rows = None
         self._position = 0

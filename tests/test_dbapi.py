@@ -527,3 +527,24 @@ def test_date_columns_are_dates(conn: dpproxy.Connection) -> None:
     assert all(isinstance(last, dt.date) and dt.date(2024, 1, 1) <= last
                <= dt.date(2024, 12, 31) for _, last in rows)
     assert cur.result is not None and cur.result.rows[0][0] == "2024-01-01"
+
+
+def test_grants_follow_the_policy_file(make_policy: Any) -> None:
+    """An open DB-API connection sees an edit of alice's tables from its next statement, as
+    the wire server's do: a revoked table is refused (42501), repeats included, and
+    charges nothing; granted back, it answers again."""
+    path = make_policy()
+    text = path.read_text()
+    granted = 'tables = ["adult", "visits", "occupation_groups"]'
+    assert granted in text
+    with dpproxy.connect(path, analyst="alice") as conn:
+        conn.execute("SELECT COUNT(*) FROM visits").fetchall()
+        path.write_text(text.replace(granted, 'tables = ["adult", "occupation_groups"]'))
+        ledger = conn.session.engine.ledger
+        spent = ledger.status("analyst:alice").spent.epsilon
+        with pytest.raises(dpproxy.ProgrammingError) as refused:
+            conn.execute("SELECT COUNT(*) FROM visits")
+        assert refused.value.sqlstate == "42501" and "visits" in str(refused.value)
+        assert ledger.status("analyst:alice").spent.epsilon == spent
+        path.write_text(text)
+        assert conn.execute("SELECT COUNT(*) FROM visits WHERE amount > 1").fetchall()

@@ -40,10 +40,16 @@ bins, rarely more) depends little on the data.
 
 MODE. The most frequent value (`MODE() WITHIN GROUP (ORDER BY x)`) is drawn by the same
 mechanism over one bin per candidate value (a public value, or an integer of a bounded
-range), with the count utility u_j = h_j − max h: adding or removing one row moves each
-count, and so each u_j, by at most 1 (the max moves by at most 1 too, and shifting every
-utility by the same amount changes no probability), so the sensitivity, rate, composition
-over groups and zCDP are those above. `rank_error` reads as rows short of the top count.
+range), with the count utility u_j = h_j (sampled as h_j − max h: shifting every utility
+by the same amount changes no probability). One row moves each count by at most 1, one
+unit by `max_rows`, and the utility is monotone: adding a unit only adds rows (each unit's
+rows are bounded on their own), so every count rises or stays. For a monotone utility
+P(bin j) ∝ exp(a·u_j) with a = ε_group / Δu, twice the rank utility's rate, is ε_group-DP
+(McSherry & Talwar 2007): on adding a unit the weight of j grows by at most e^ε_group and
+the normaliser does not shrink, and on removing one the reverse. It is ε_group-bounded-
+range as well (every log-ratio lies in [−ln(Z'/Z), ε_group − ln(Z'/Z)]), so the zCDP
+and the composition over groups are those above. `rank_error` reads as rows short of the
+top count.
 
 Output. The released value is the chosen bin's point: the integer itself for one-integer
 bins, else the bin's midpoint, the point of the bin closest to all of it (error ≤ half a
@@ -167,8 +173,10 @@ class QuantileSpec:
 
     @property
     def rate(self) -> Fraction:
-        """a = ε_group / (2·Δu), rounded down: P(bin j) ∝ exp(a·u_j)."""
-        exact = Fraction(self.epsilon) / (2 * self.max_groups * self.max_rows)
+        """a = ε_group / (2·Δu), rounded down: P(bin j) ∝ exp(a·u_j); ε_group / Δu for the
+        mode, whose count utility is monotone (see the module docstring)."""
+        halves = 1 if self.mode else 2
+        exact = Fraction(self.epsilon) / (halves * self.max_groups * self.max_rows)
         return _round_down(exact)
 
     @property

@@ -49,33 +49,40 @@ def test_count_utilities_by_hand() -> None:
 
 
 def test_mode_probabilities_are_epsilon_dp() -> None:
-    """For every pair of small histograms one row apart, each value's probability changes
-    by a factor of at most e^ε (shifting by the top count changes no probability, so the
-    count utility's sensitivity of 1 row is what counts), checked exactly."""
-    s = spec(0.7, 4)
+    """For every pair of small histograms one person apart (one person adds rows, up to
+    max_rows = 2, and never removes any: the count utility is monotone), each value's
+    probability changes by a factor of at most e^ε, checked exactly, at the rate ε / Δu,
+    twice the rank utility's; and the bound is tight enough to need monotonicity: a
+    replacement (one bin up, another down) exceeds it."""
+    s = spec(0.7, 4, rows=2)
+    assert s.rate == pytest.approx(0.35, rel=1e-12)
+    worst = 0.0
     for histogram in itertools.product(range(4), repeat=4):
         before = probabilities(s, histogram)
-        for j, step in itertools.product(range(4), (-1, 1)):
-            other = list(histogram)
-            other[j] += step
-            if other[j] < 0:
+        for added in itertools.product(range(3), repeat=4):
+            if not 0 < sum(added) <= 2:
                 continue
-            after = probabilities(s, other)
+            after = probabilities(s, [h + a for h, a in zip(histogram, added, strict=True)])
             ratio = max(max(a / b, b / a) for a, b in zip(before, after, strict=True))
-            assert ratio <= math.exp(0.7) * (1 + 1e-12)
+            worst = max(worst, ratio)
+    assert worst <= math.exp(0.7) * (1 + 1e-12)
+    assert worst > math.exp(0.7) * 0.9  # the bound is nearly met: the rate is not loose
+    replaced = max(max(a / b, b / a) for a, b in zip(
+        probabilities(s, (3, 0, 0, 0)), probabilities(s, (1, 2, 0, 0)), strict=True))
+    assert replaced > math.exp(0.7)
 
 
 def test_exact_probabilities() -> None:
-    """ε = 2, one row per unit: a = 1, so P ∝ e^(count − top) = e^-2, e^-5, 1, 1."""
+    """ε = 1, one row per unit: a = ε / Δu = 1, so P ∝ e^(count − top) = e^-2, e^-5, 1, 1."""
     weights = [math.exp(-2), math.exp(-5), 1.0, 1.0]
-    assert probabilities(spec(2.0, 4), (3, 0, 5, 5)) == pytest.approx(
+    assert probabilities(spec(1.0, 4), (3, 0, 5, 5)) == pytest.approx(
         [w / sum(weights) for w in weights], rel=1e-12)
 
 
 def test_sampler_matches_the_exact_probabilities_chi_square() -> None:
     """N = 40,000 draws on a fixed histogram; false-failure rate 4e-7. The rank utility
     (a median) puts most of its mass elsewhere, so a sampler reading it fails."""
-    s = spec(1.0, 5)  # a = 1/2
+    s = spec(0.5, 5)  # a = 1/2
     histogram = (4, 1, 2, 3, 4)
     expected_p = probabilities(s, histogram)
     counts = [0] * len(histogram)

@@ -20,7 +20,7 @@ import datetime as dt
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal
+from decimal import ROUND_DOWN, ROUND_HALF_UP, Context, Decimal
 from typing import Any, ClassVar
 
 from sqlglot import exp
@@ -323,27 +323,26 @@ def _modulo(a: Value, b: Value) -> Value:
         int(math.copysign(abs(a) % abs(b), a))
 
 
-def _round(node: exp.Round, env: Env) -> Value:
-    value = _ev(node.this, env)
-    digits = _ev(node.args.get("decimals"), env) if node.args.get("decimals") else 0
-    if value is None or digits is None:
-        return None
-    if isinstance(value, float) and not math.isfinite(value):
-        return value
-    # PostgreSQL rounds halves away from zero
-    rounded = Decimal(repr(value)).quantize(Decimal(1).scaleb(-int(digits)), ROUND_HALF_UP)
-    return int(rounded) if isinstance(value, int) else float(rounded)
-
-
-def _trunc(node: exp.Trunc, env: Env) -> Value:
-    value = _ev(node.this, env)
-    digits = _ev(node.args.get("decimals"), env) if node.args.get("decimals") else 0
-    if value is None or digits is None:
-        return None
-    if isinstance(value, float) and not math.isfinite(value):
-        return value
-    truncated = Decimal(repr(value)).quantize(Decimal(1).scaleb(-int(digits)), ROUND_DOWN)
-    return int(truncated) if isinstance(value, int) else float(truncated)
+def _to_digits(mode: str) -> Callable[[exp.Expression, Env], Value]:
+    """ROUND (halves away from zero, as PostgreSQL) or TRUNC (toward zero) at a number of
+    digits, in decimal as NUMERIC computes them."""
+    def handler(node: exp.Expression, env: Env) -> Value:
+        value = _ev(node.this, env)
+        digits = _ev(node.args.get("decimals"), env) if node.args.get("decimals") else 0
+        if value is None or digits is None:
+            return None
+        if isinstance(value, float) and not math.isfinite(value):
+            return value
+        number, exponent = Decimal(repr(value)), -int(digits)
+        written = number.as_tuple()
+        assert isinstance(written.exponent, int)  # finite
+        if written.exponent >= exponent:  # no digit there to drop: the value as it is
+            return value
+        # at most the value's own digits, and a carry (9.99 → 10.0): never beyond precision
+        context = Context(prec=len(written.digits) + 2)
+        done = number.quantize(Decimal(1).scaleb(exponent), rounding=mode, context=context)
+        return int(done) if isinstance(value, int) else float(done)
+    return handler
 
 
 def _unary(fn: Callable[[Value], Value]) -> Callable[[exp.Expression, Env], Value]:
@@ -491,8 +490,8 @@ _HANDLERS: dict[type[exp.Expression], Callable[[Any, Env], Value]] = {
     exp.Mul: _arith(lambda a, b: a * b),
     exp.Div: _arith(_divide),
     exp.Mod: _arith(_modulo),
-    exp.Round: _round,
-    exp.Trunc: _trunc,
+    exp.Round: _to_digits(ROUND_HALF_UP),
+    exp.Trunc: _to_digits(ROUND_DOWN),
     exp.Abs: _unary(abs),
     exp.Floor: _unary(lambda v: math.floor(v) if isinstance(v, int) else float(math.floor(v))),
     exp.Ceil: _unary(lambda v: math.ceil(v) if isinstance(v, int) else float(math.ceil(v))),

@@ -117,6 +117,19 @@ def test_trunc_goes_toward_zero(sql: str, expected: Any) -> None:
     assert same(ev(sql), expected), ev(sql)
 
 
+@pytest.mark.parametrize(("sql", "expected"), [
+    ("ROUND(AVG(x) * 1e20, 10)", 2.5e20), ("TRUNC(AVG(x) * 1e20, 10)", 2.5e20),
+    ("ROUND(AVG(x), 100000)", 2.5), ("TRUNC(-AVG(x), 400)", -2.5),
+    ("ROUND(AVG(x) * 1e30, -30)", 3e30), ("TRUNC(AVG(x) * 1e30, -30)", 2e30),
+    ("ROUND(AVG(x), -400)", 0.0), ("ROUND(99.99, 1)", 100.0),
+])
+def test_rounding_far_from_a_values_digits(sql: str, expected: Any) -> None:
+    """Digits beyond a value's own leave it as it is, and a value of more digits than
+    decimal's default precision is rounded all the same: both raised decimal's
+    InvalidOperation, after the charge, before."""
+    assert same(ev(sql), expected), ev(sql)
+
+
 def test_round_with_null_digits_is_null() -> None:
     assert ev("ROUND(2.5, NULL)") is None
 

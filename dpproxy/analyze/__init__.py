@@ -751,16 +751,16 @@ def _date_as_days(key: str, node: exp.AggFunc, arg: exp.Expression, resolve: Res
 
 def _mode_of_public_values(key: str, arg: exp.Expression, resolve: Resolver
                            ) -> tuple[exp.Expression, ExprType, AggregateRule]:
-    """MODE of a column with public values: the position of its value in the list (CASE
-    col WHEN v0 THEN 0 …, NULL for a value outside it), drawn over the positions and
+    """MODE of a text column with public values: the position of its value in the list
+    (CASE col WHEN v0 THEN 0 …, NULL for a value outside it), drawn over the positions and
     released as the value. Refused for other text: the candidates would be the rows' own
-    values."""
+    values. (Numbers and dates are drawn over their bounded range, truth values over
+    false and true.)"""
     column_node = arg
     while isinstance(column_node, exp.Paren):
         column_node = column_node.this
     column = resolve(column_node) if isinstance(column_node, exp.Column) else None
-    values = None if column is None else column.public_values if column.public_values \
-        is not None else (False, True) if column.type == "bool" else None
+    values = column.public_values if column is not None else None
     if column is None or values is None:
         raise PrivacyViolation(
             f"{key}: the values of {arg.sql('postgres')} are not public, so the most frequent "
@@ -771,11 +771,11 @@ def _mode_of_public_values(key: str, arg: exp.Expression, resolve: Resolver
         raise NotSupportedError(f"{key}: MODE draws among at most {MAX_BINS} values; "
                                 f"{column.name} has {len(values)} public values")
     case = exp.Case(this=column_node.copy(), ifs=[
-        exp.If(this=_literal_of(v, column), true=exp.Literal.number(i))
+        exp.If(this=exp.Literal.string(str(v)), true=exp.Literal.number(i))
         for i, v in enumerate(values)])
     case.meta.update(written=column_node.sql("postgres"), candidates=len(values))
     return case, ExprType("num", 0, len(values) - 1, integer=True), \
-        mode_rule(tuple(values), _PG_TYPES[column.type])
+        mode_rule(tuple(values), "text")
 
 
 def _mode_of_truth(arg: exp.Expression) -> tuple[exp.Expression, ExprType, AggregateRule]:
@@ -785,14 +785,6 @@ def _mode_of_truth(arg: exp.Expression) -> tuple[exp.Expression, ExprType, Aggre
                                 true=exp.Literal.number(0))])
     case.meta.update(written=arg.sql("postgres"), candidates=2)
     return case, ExprType("num", 0, 1, integer=True), mode_rule((False, True), "bool")
-
-
-def _literal_of(value: object, column: ColumnPolicy) -> exp.Expression:
-    if column.type == "bool":
-        return exp.Boolean(this=bool(value))
-    if column.type == "date":
-        return date_literal(str(value))
-    return exp.Literal.string(str(value))
 
 
 def _check_mode_candidates(key: str, arg: exp.Expression, t: ExprType) -> None:

@@ -68,7 +68,7 @@ def test_errors_carry_sqlstate_and_cost_nothing(make_policy: PolicyFactory) -> N
         cur = conn.cursor()
         for sql, state, cls in (("SELECT * FROM adult", "42501", dpproxy.ProgrammingError),
                                 ("SELEC 1", "42601", dpproxy.ProgrammingError),
-                                ("SELECT STRING_AGG(sex, ',') FROM adult", "0A000",
+                                ("SELECT CORR(age, hours_per_week) FROM adult", "0A000",
                                  dpproxy.NotSupportedError)):
             with pytest.raises(cls) as caught:
                 cur.execute(sql)

@@ -188,6 +188,12 @@ class ObjectInUse(OperationalError):
     sqlstate = "55006"
 
 
+class InvalidSqlStatementName(OperationalError):
+    """No prepared statement has that name (or the name is empty)."""
+
+    sqlstate = "26000"
+
+
 class InvalidCursorName(OperationalError):
     """FETCH, MOVE or CLOSE of a cursor this connection has not declared (or that closed)."""
 

@@ -118,6 +118,18 @@ _INTEGER_OIDS = {INT2, INT4, INT8, OID, 24, 28, 29, 2202, 2203, 2205, 2206, 4089
 _TEXT_OIDS = {TEXT_OID, VARCHAR, 1042, 19, 18, UNKNOWN, 0, 114, 3802, 142, 194}
 
 
+def find_type(name: str) -> PgType | None:
+    """The type a PostgreSQL type name (or alias) names; None for a name it does not know.
+
+    >>> find_type("double precision").oid, find_type("INTEGER").oid, find_type("nope")
+    (701, 23, None)
+    """
+    key = " ".join(name.split()).lower()
+    if "(" in key:  # numeric(10, 2), varchar(20): the type without its modifier
+        key = key[:key.index("(")].strip()
+    return TYPES_BY_NAME.get(_ALIASES.get(key, key))
+
+
 def pg_type(name: str) -> PgType:
     """The type for a PostgreSQL type name (`int8`, `bigint`, `text[]`, `_text`); text when
     unknown, since every value has a text form."""

@@ -27,7 +27,7 @@ from .. import __version__, errors
 from ..audit import AuditRecord
 from ..parse import split_statements
 from ..session import Description, Result
-from . import admin, codec, cursors, paramtypes
+from . import admin, codec, cursors, paramtypes, prepared
 from .codec import (
     BackendKeyData,
     Bind,
@@ -630,6 +630,14 @@ class ClientConnection:
             return await self._cursor_statement(cursor, params)
         if first == "DEALLOCATE":
             return self._deallocate(cursors.deallocated(text))
+        sql_prepared = prepared.parse(text) if first in prepared.WORDS else None
+        if isinstance(sql_prepared, prepared.Prepare):
+            self._prepare_sql(sql_prepared)
+            return Result(tag="PREPARE")
+        if isinstance(sql_prepared, prepared.ExecutePrepared):
+            statement = self._statement(sql_prepared.name)
+            values = self._sql_parameters(statement, sql_prepared.params)
+            return await self._run(statement.sql, statement.words, values or None)
         result = self._within_limit(await self._call(self._run_statement, text, params))
         if first in ("BEGIN", "START"):
             if self._status == "T":
@@ -876,22 +884,49 @@ class ClientConnection:
         return Result(tag="DEALLOCATE")
 
     def _parse(self, message: Parse) -> None:
-        if message.name and message.name in self._statements:
-            raise ServerError("42P05", f"prepared statement \"{message.name}\" already exists")
-        texts = _statement_texts(message.sql)
+        self._keep_statement(message.name, message.sql, message.param_oids)
+        self._send(ParseComplete())
+
+    def _keep_statement(self, name: str, sql: str, declared: Sequence[int]) -> None:
+        """A prepared statement, from Parse or SQL's PREPARE: its parameter types as
+        declared, the rest inferred."""
+        if name and name in self._statements:
+            raise ServerError("42P05", f"prepared statement \"{name}\" already exists")
+        texts = _statement_texts(sql)
         if len(texts) > 1:
             raise errors.SyntaxError("cannot insert multiple commands into a prepared "
                                      "statement")
         text = texts[0] if texts else ""
-        declared = message.param_oids
         count = max(paramtypes.count_parameters(text), len(declared))
         oids = list(declared) + [0] * (count - len(declared))
         if 0 in oids:
             oids = [o or inferred for o, inferred in zip(oids, self._infer(text, count),
                                                          strict=True)]
-        self._statements[message.name] = PreparedStatement(
-            message.name, text, tuple(oids), _transaction_words(text))
-        self._send(ParseComplete())
+        self._statements[name] = PreparedStatement(name, text, tuple(oids),
+                                                   _transaction_words(text))
+
+    def _prepare_sql(self, statement: prepared.Prepare) -> None:
+        """SQL's PREPARE: the statement kept as a Parse message would keep it."""
+        oids = []
+        for name in statement.types:
+            found = codec.find_type(name)
+            if found is None:
+                raise errors.UndefinedObject(f"type \"{name}\" does not exist")
+            oids.append(found.oid)
+        self._keep_statement(statement.name, statement.query, oids)
+
+    @staticmethod
+    def _sql_parameters(statement: PreparedStatement, texts: Sequence[str | None]
+                        ) -> list[Any]:
+        """EXECUTE's constants as a Bind of their text forms would give them."""
+        oids = statement.param_oids
+        if len(texts) != len(oids):
+            raise errors.SyntaxError(
+                f"wrong number of parameters for prepared statement \"{statement.name}\"",
+                detail=f"Expected {len(oids)} parameters but got {len(texts)}.")
+        return [codec.decode_parameter(None if t is None else t.encode(), oid, codec.TEXT,
+                                       i + 1)
+                for i, (t, oid) in enumerate(zip(texts, oids, strict=True))]
 
     def _infer(self, text: str, count: int) -> list[int]:
         """Parameter types the client left open: the catalog's for a catalog statement,
@@ -978,6 +1013,13 @@ class ClientConnection:
     async def _shape(self, statement: PreparedStatement, params: list[Any] | None
                      ) -> Description:
         if not statement.sql:
+            return Description((), ())
+        if statement.words[0] in prepared.WORDS:
+            sql_prepared = prepared.parse(statement.sql)
+            if isinstance(sql_prepared, prepared.ExecutePrepared):  # the kept statement's
+                target = self._statement(sql_prepared.name)
+                return await self._shape(target, self._sql_parameters(target,
+                                                                      sql_prepared.params))
             return Description((), ())
         if statement.words[0] in cursors.WORDS:
             cursor = cursors.parse(statement.sql)

@@ -98,7 +98,7 @@ def deallocated(text: str) -> str | None:
         return None
     if len(tokens) != 1:
         raise errors.SyntaxError("DEALLOCATE takes one prepared statement name, or ALL")
-    return _name(tokens[0])
+    return statement_name(tokens[0])
 
 
 def _word(tokens: list[Token], i: int) -> str:
@@ -107,6 +107,14 @@ def _word(tokens: list[Token], i: int) -> str:
     if i >= len(tokens) or tokens[i].token_type == TokenType.IDENTIFIER:
         return ""
     return tokens[i].text.upper()
+
+
+def statement_name(token: Token) -> str:
+    """A prepared statement's name as PostgreSQL folds it: quoted as written, else lower
+    case."""
+    if token.token_type == TokenType.IDENTIFIER and not token.text:
+        raise errors.InvalidSqlStatementName("invalid statement name: must not be empty")
+    return _name(token)
 
 
 def _name(token: Token) -> str:

@@ -96,6 +96,8 @@ def test_explain_shows_the_bounds_as_dates(make_policy: PolicyFactory, column: s
     ("SELECT DATE_TRUNC('month', day), COUNT(*) FROM visits GROUP BY 1 HAVING "
      "MIN(LEAST(GREATEST(day, DATE '2024-01-01'), DATE '2024-12-31')) IS NOT NULL",
      "0A000", "is a date"),
+    # compared with a quoted date: the same refusal, not a number's 22P02
+    ("SELECT COUNT(*) FROM visits HAVING MIN(day) > '2024-03-01'", "0A000", "is a date"),
     ("SELECT SUM(day) FROM visits", "42804", "needs a number"),
 ])
 def test_refusals_charge_nothing(engine: Engine, sql: str, sqlstate: str, words: str

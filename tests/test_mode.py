@@ -203,6 +203,9 @@ def test_explain_names_the_candidates(engine: Engine) -> None:
      "0A000", "on its own"),
     ("SELECT sex FROM adult GROUP BY sex HAVING MODE() WITHIN GROUP (ORDER BY age > 40)",
      "0A000", "on its own"),
+    # compared with a quoted literal: the same refusal, not a number's 22P02
+    ("SELECT sex FROM adult GROUP BY sex HAVING MODE() WITHIN GROUP (ORDER BY education) "
+     "= 'HS-grad'", "0A000", "is text"),
     ("SELECT COUNT(DISTINCT education), MODE() WITHIN GROUP (ORDER BY age) FROM adult",
      "0A000", "two queries"),
     ("SELECT MODE() FROM adult", "0A000", "WITHIN GROUP"),

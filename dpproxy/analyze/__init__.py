@@ -710,8 +710,8 @@ def _check_date_values(aggregates: Sequence[AggregateCall], outputs: Sequence[Ou
                        calls: Sequence[WindowCall]) -> None:
     """A date's quantile (MIN(day), …) or a MODE of text or truth values is an output or
     ORDER BY item of its own: the post-processing of outputs computes with numbers."""
-    typed = {a.sql: a.rule.value_type for a in aggregates
-             if a.rule.value_type in ("date", "text", "bool")}
+    typed = {a.sql: str(a.rule.value_type) for a in aggregates
+             if a.rule.value_type in _NOT_NUMBERS}
     if not typed:
         return
     places = [o.expression for o in outputs if o.aggregate is None]
@@ -722,11 +722,29 @@ def _check_date_values(aggregates: Sequence[AggregateCall], outputs: Sequence[Ou
     for place in places:
         used = next((r.this for r in place.find_all(AggregateRef) if r.this in typed), None)
         if used is not None:
-            what = {"date": "a date", "text": "text", "bool": "a truth value"}[typed[used]]
-            raise NotSupportedError(
-                f"{used} is {what}: it can be an output or an ORDER BY item on its own, "
-                "not part of an expression, HAVING or a window",
-                hint="select the value itself and compute with it in the client")
+            raise _not_a_number(str(used), typed[str(used)])
+
+
+_NOT_NUMBERS = {"date": "a date", "text": "text", "bool": "a truth value"}
+
+
+def _not_a_number(aggregate: str, value_type: str) -> NotSupportedError:
+    return NotSupportedError(
+        f"{aggregate} is {_NOT_NUMBERS[value_type]}: it can be an output or an ORDER BY item "
+        "on its own, not part of an expression, HAVING or a window",
+        hint="select the value itself and compute with it in the client")
+
+
+def _refuse_values_inside(node: exp.Expression, aggregates: Sequence[AggregateCall]) -> None:
+    """`_check_date_values` before the output checks, which read a quoted literal beside
+    an aggregate as a number (MODE(…) = 'HS-grad' would be 22P02 otherwise)."""
+    if isinstance(node, exp.AggFunc):
+        return  # the whole output or ORDER BY item
+    typed = {a.sql: a.rule.value_type for a in aggregates if a.rule.value_type in _NOT_NUMBERS}
+    for found in node.find_all(exp.AggFunc) if typed else ():
+        key = found.sql("postgres")
+        if key in typed:
+            raise _not_a_number(key, str(typed[key]))
 
 
 def _date_as_days(key: str, node: exp.AggFunc, arg: exp.Expression, resolve: Resolver
@@ -951,6 +969,7 @@ def _resolve_outputs(select: exp.Select, keys: tuple[GroupKey, ...],
                                    hint="select aggregates, e.g. SELECT COUNT(*) FROM …")
         body = item.this if isinstance(item, exp.Alias) else item
         body = _key_expressions(body, keys, resolve)
+        _refuse_values_inside(body, aggregates)
         check_output_expression(body, check_key, whole_output=True)
         key_index = None
         if isinstance(body, exp.Column):
@@ -978,6 +997,7 @@ def _resolve_outputs(select: exp.Select, keys: tuple[GroupKey, ...],
         if having.find(WindowRef) is not None:  # an alias naming a window
             raise WindowingError("window functions are not allowed in HAVING",
                                  hint="filter on the aggregates themselves")
+        _refuse_values_inside(exp.paren(having), aggregates)
         check_output_expression(having, check_key)
 
     order: list[OrderItem] = []
@@ -992,6 +1012,7 @@ def _resolve_outputs(select: exp.Select, keys: tuple[GroupKey, ...],
             else:
                 target = _key_expressions(substitute_aliases(target, keys_first=False), keys,
                                           resolve)
+            _refuse_values_inside(target, aggregates)
             check_output_expression(target, check_key)
             descending = bool(ordered.args.get("desc"))
             nulls_first = ordered.args.get("nulls_first")

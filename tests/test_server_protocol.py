@@ -284,6 +284,22 @@ def test_deallocate_drops_a_prepared_statement(raw: Raw) -> None:
     assert not errors_in(client.until(codec.ReadyForQuery))
 
 
+def test_a_parsed_execute_cannot_run_itself(raw: Raw) -> None:
+    """Parse keeps any statement text, `EXECUTE a` under the name a too: executing it is
+    refused at once as not a query (42601), rather than running itself until Python's
+    recursion limit, and the connection goes on."""
+    _, connect = raw
+    client = connect()
+    client.send(codec.Parse("a", "EXECUTE a"), codec.Bind("", "a", (), (), ()),
+                codec.Execute("", 0), codec.Sync())
+    messages = client.until(codec.ReadyForQuery)
+    assert errors_in(messages) == ["42601"]
+    refused = next(m for m in messages if isinstance(m, codec.ErrorResponse))
+    assert 'prepared statement "a" is not a query' in dict(refused.fields)["M"]
+    assert errors_in(client.query("EXECUTE a")) == ["42601"]
+    assert not errors_in(client.query("SELECT 1"))
+
+
 def test_extended_protocol_errors_skip_to_sync(raw: Raw) -> None:
     _, connect = raw
     client = connect()

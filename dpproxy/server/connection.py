@@ -635,7 +635,7 @@ class ClientConnection:
             self._prepare_sql(sql_prepared)
             return Result(tag="PREPARE")
         if isinstance(sql_prepared, prepared.ExecutePrepared):
-            statement = self._statement(sql_prepared.name)
+            statement = self._executed(sql_prepared)
             values = self._sql_parameters(statement, sql_prepared.params)
             return await self._run(statement.sql, statement.words, values or None)
         result = self._within_limit(await self._call(self._run_statement, text, params))
@@ -915,6 +915,15 @@ class ClientConnection:
             oids.append(found.oid)
         self._keep_statement(statement.name, statement.query, oids)
 
+    def _executed(self, execute: prepared.ExecutePrepared) -> PreparedStatement:
+        """The statement EXECUTE names; never another EXECUTE or PREPARE, which a Parse
+        message could keep (`EXECUTE a` kept as a would run itself forever)."""
+        statement = self._statement(execute.name)
+        if statement.words[0] in prepared.WORDS:
+            raise errors.SyntaxError(f"prepared statement \"{statement.name}\" is not a query",
+                                     hint="EXECUTE runs a query kept by PREPARE or Parse")
+        return statement
+
     @staticmethod
     def _sql_parameters(statement: PreparedStatement, texts: Sequence[str | None]
                         ) -> list[Any]:
@@ -1017,7 +1026,7 @@ class ClientConnection:
         if statement.words[0] in prepared.WORDS:
             sql_prepared = prepared.parse(statement.sql)
             if isinstance(sql_prepared, prepared.ExecutePrepared):  # the kept statement's
-                target = self._statement(sql_prepared.name)
+                target = self._executed(sql_prepared)
                 return await self._shape(target, self._sql_parameters(target,
                                                                       sql_prepared.params))
             return Description((), ())

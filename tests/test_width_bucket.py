@@ -4,6 +4,7 @@ are public groups; bad constants are refused before anything is charged."""
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -92,6 +93,31 @@ def test_bins_of_whole_numbers(whole_connections: Connections) -> None:
     """The same calls on an int column, whose arithmetic is integer division on both
     backends (TRUNC of the exact quotient, a floor here: the distance is never negative)."""
     assert _mismatches(whole_connections, CALLS, WHOLE_TABLE, WHOLE) == []
+
+
+DAYS: list[dt.date | None] = [dt.date(2023, 12, 25) + dt.timedelta(days=i) for i in range(380)]
+DAYS += [dt.date(1, 1, 1), dt.date(9999, 12, 31), None]
+DAY_TABLE = TablePolicy("days", {"d": ColumnPolicy("d", "date")})
+
+
+@pytest.fixture(scope="module")
+def day_connections(pg_dsn: str) -> Iterator[Connections]:
+    yield from loaded(pg_dsn, "days", "d", "date", DAYS)
+
+
+def test_date_thresholds_are_postgresqls(day_connections: Connections) -> None:
+    """Date thresholds (quarters of one's own, a single cut): every day of a year and a
+    bit, the ends of the calendar and NULL, binned as PostgreSQL's own width_bucket over a
+    date array bins them, on both backends."""
+    calls = [("WIDTH_BUCKET(d, ARRAY[DATE '2024-04-01', '2024-07-01'::date, "
+              "CAST('2024-10-01' AS DATE)])",
+              "width_bucket(d, ARRAY['2024-04-01', '2024-07-01', '2024-10-01']::date[])"),
+             ("WIDTH_BUCKET(d, ARRAY[DATE '2024-02-29'])",
+              "width_bucket(d, ARRAY['2024-02-29']::date[])")]
+    for call, native in calls:
+        rows = three_ways(*day_connections, DAY_TABLE, _folded(call), native=native)
+        assert [r for r in rows if not r[0] == r[1] == r[2]] == []
+        assert {r[2] for r in rows} >= ({0, 1, 2, 3} if "10-01" in call else {0, 1})
 
 
 def test_a_wrong_fold_is_caught(connections: Connections,
@@ -189,6 +215,21 @@ def test_threshold_bands_with_averages(engine: Engine) -> None:
         assert abs(avg - exact[band][1]) <= 0.05 * 99 / exact[band][0] + 1e-6
 
 
+def test_date_bins_through_the_engine(engine: Engine) -> None:
+    """Quarters cut by date thresholds, per person bounded as visits declares: the four
+    quarters of 2024 come back, each count within 2 of [0, its rows] (bounding only
+    removes rows; the Laplace scale is 0.08 here, so 2 is 25 scales: e^-25 per count)."""
+    session = engine.session("alice", epsilon=1000.0)
+    result = session.execute(
+        "SELECT WIDTH_BUCKET(day, ARRAY[DATE '2024-04-01', DATE '2024-07-01', "
+        "DATE '2024-10-01']) AS quarter, COUNT(*) FROM visits GROUP BY quarter ORDER BY 1")
+    exact = _exact(engine, "SELECT CASE WHEN day < DATE '2024-04-01' THEN 0 WHEN day < "
+                           "DATE '2024-07-01' THEN 1 WHEN day < DATE '2024-10-01' THEN 2 "
+                           "ELSE 3 END, COUNT(*) FROM visits GROUP BY 1")
+    assert [r[0] for r in result.rows] == [0, 1, 2, 3] == sorted(exact)
+    assert all(-2 <= n <= exact[q] + 2 for q, n in result.rows)
+
+
 def test_private_bins_pass_partition_selection(engine: Engine) -> None:
     """Without public values the bins are private: partition selection releases the bins
     the data fills well and no others. hours_per_week 1-99 in bins of 10."""
@@ -237,6 +278,12 @@ def test_bounded_sum_of_bins(engine: Engine) -> None:
      "constants"),
     ("SELECT WIDTH_BUCKET(capital_gain, -1e300, 1e300, 10), COUNT(*) FROM adult GROUP BY 1",
      "0A000", "fewer bins"),
+    ("SELECT WIDTH_BUCKET(day, ARRAY[DATE '2024-07-01', DATE '2024-04-01']), COUNT(*) "
+     "FROM visits GROUP BY 1", "2201G", "sorted"),
+    ("SELECT WIDTH_BUCKET(day, ARRAY[DATE '2024-07-01', 5]), COUNT(*) FROM visits GROUP BY 1",
+     "0A000", "all numbers or all dates"),
+    ("SELECT WIDTH_BUCKET(day, ARRAY[DATE '2024-13-01']), COUNT(*) FROM visits GROUP BY 1",
+     "22P02", "type date"),
 ])
 def test_bad_constants_are_refused(engine: Engine, sql: str, sqlstate: str, words: str
                                    ) -> None:

@@ -2,7 +2,8 @@
 
 `WIDTH_BUCKET(x, lo, hi, n)` numbers n equal-width bins over [lo, hi): 0 below lo, n + 1
 from hi up, NULL for NULL; with lo > hi the bins run downwards (0 above lo, n + 1 from hi
-down). `WIDTH_BUCKET(x, ARRAY[t1, …, tk])` counts the thresholds at or below x. Both are
+down). `WIDTH_BUCKET(x, ARRAY[t1, …, tk])` counts the thresholds at or below x (numbers,
+or dates: `ARRAY[DATE '2024-04-01', DATE '2024-07-01']` for quarters of one's own). Both are
 folded into a CASE over comparisons, FLOOR, LEAST and GREATEST before analysis, so a bin is
 a row expression like any other: typed and bounded by the interval pass (0 … n + 1 whatever
 the column's bounds), made total on each backend, and, over a column with public values,
@@ -25,12 +26,14 @@ hi is in bin n on both backends, even where floating point would round its posit
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 from decimal import Decimal, InvalidOperation
 
 from sqlglot import exp
 
-from ..errors import InvalidArgumentForWidthBucket, NotSupportedError
+from ..clock import parse_date
+from ..errors import InvalidArgumentForWidthBucket, InvalidTextRepresentation, NotSupportedError
 
 _MAX_COUNT = 2**31 - 1  # PostgreSQL's count is an integer; n + 1 must fit one too
 _MAX_SPAN = Decimal("1e300")  # n · (high − low): far inside DOUBLE's range
@@ -112,10 +115,12 @@ def _threshold_case(operand: exp.Expression, thresholds: exp.Expression) -> exp.
         thresholds = thresholds.this
     if not isinstance(thresholds, exp.Array) or not thresholds.expressions:
         raise NotSupportedError("WIDTH_BUCKET's thresholds must be an ARRAY[…] of constants",
-                                hint="e.g. WIDTH_BUCKET(age, ARRAY[18, 30, 65])")
+                                hint="e.g. WIDTH_BUCKET(age, ARRAY[18, 30, 65]), or of dates")
     items = list(thresholds.expressions)
-    values = [_constant(t, "thresholds") for t in items]
-    if any(b < a for a, b in itertools.pairwise(values)):
+    values = [_threshold(t) for t in items]
+    if len({type(v) for v in values}) > 1:
+        raise NotSupportedError("WIDTH_BUCKET's thresholds must be all numbers or all dates")
+    if any(b < a for a, b in itertools.pairwise(values)):  # type: ignore[operator]
         raise InvalidArgumentForWidthBucket(
             "thresholds must be sorted, smallest first",
             hint="PostgreSQL returns unspecified bins for unsorted thresholds")
@@ -124,6 +129,18 @@ def _threshold_case(operand: exp.Expression, thresholds: exp.Expression) -> exp.
     ifs.append(exp.If(this=exp.GTE(this=operand.copy(), expression=items[-1].copy()),
                       true=exp.Literal.number(len(items))))
     return exp.Case(ifs=ifs)
+
+
+def _threshold(node: exp.Expression) -> Decimal | dt.date:
+    """A threshold: a number constant, or a date one (DATE '…', '…'::date)."""
+    if isinstance(node, exp.Cast) and node.to.this == exp.DataType.Type.DATE \
+            and isinstance(node.this, exp.Literal) and node.this.is_string:
+        try:
+            return parse_date(node.this.this)
+        except ValueError:
+            raise InvalidTextRepresentation(
+                f"invalid input syntax for type date: \"{node.this.this}\"") from None
+    return _constant(node, "thresholds")
 
 
 def _constant(node: exp.Expression, what: str) -> Decimal:

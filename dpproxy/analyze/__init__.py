@@ -61,6 +61,7 @@ from ..postprocess import (
 )
 from ..quantiles import MAX_BINS
 from ..windows import WindowCall, describe, extract, parts, result_type
+from .ages import fold_ages
 from .aggregates import (
     RULES,
     SUPPORTED_HELP,
@@ -225,7 +226,7 @@ def analyze(select: exp.Expression, policy: Policy, analyst: AnalystPolicy
     select = inline(select)  # a row-level subquery or WITH query in FROM, merged in
     _check_shape(select)
     assert isinstance(select, exp.Select)
-    select = fold_width_buckets(select)
+    select = fold_ages(fold_width_buckets(select))
     if select.args.get("from_") is None:
         return _constant_query(select, statement)
     select = _fold_any(_fold_filters(_fold_within_group(select)))
@@ -617,7 +618,7 @@ def _dereference(item: exp.Expression, select_items: Sequence[exp.Expression],
 def _clamp_hint(function: str, arg: exp.Expression, t: ExprType) -> str:
     lo = f"{t.lower:g}" if t.lower != float("-inf") else "<lower>"
     hi = f"{t.upper:g}" if t.upper != float("inf") else "<upper>"
-    text = arg.sql("postgres")
+    text = written_sql(arg)
     return (f"clamp the argument to bounds you choose, e.g. "
             f"{function}(LEAST(GREATEST({text}, {lo}), {hi})), or declare lower/upper for the "
             "column in the policy")
@@ -781,7 +782,7 @@ def _mode_of_public_values(key: str, arg: exp.Expression, resolve: Resolver
     values = column.public_values if column is not None else None
     if column is None or values is None:
         raise PrivacyViolation(
-            f"{key}: the values of {arg.sql('postgres')} are not public, so the most frequent "
+            f"{key}: the values of {written_sql(arg)} are not public, so the most frequent "
             "one could be a value of a single row",
             hint="declare public_values for the column in the policy (the candidates), or "
                  "take the MODE of a whole number with bounds")
@@ -812,12 +813,12 @@ def _check_mode_candidates(key: str, arg: exp.Expression, t: ExprType) -> None:
         return
     if not t.integer:
         raise NotSupportedError(
-            f"{key}: MODE of {arg.sql('postgres')} needs whole numbers (a real number "
+            f"{key}: MODE of {written_sql(arg)} needs whole numbers (a real number "
             "rarely repeats)", hint="round it first, e.g. MODE() WITHIN GROUP (ORDER BY "
-                                    f"ROUND({arg.sql('postgres')}))")
+                                    f"ROUND({written_sql(arg)}))")
     if t.bounded and t.upper - t.lower + 1 > MAX_BINS:
         raise NotSupportedError(
-            f"{key}: MODE draws among at most {MAX_BINS} values; {arg.sql('postgres')} "
+            f"{key}: MODE draws among at most {MAX_BINS} values; {written_sql(arg)} "
             f"ranges over {t.upper - t.lower + 1:,.0f}",
             hint="clamp it to a narrower range with LEAST(GREATEST(…)), or bin it, e.g. "
                  "with WIDTH_BUCKET")
@@ -830,7 +831,7 @@ def _quantile_of(node: exp.Expression) -> Fraction:
 def _quantile_clamp_hint(node: exp.Expression, arg: exp.Expression, t: ExprType) -> str:
     lo = f"{t.lower:g}" if t.lower != float("-inf") else "<lower>"
     hi = f"{t.upper:g}" if t.upper != float("inf") else "<upper>"
-    clamped = f"LEAST(GREATEST({arg.sql('postgres')}, {lo}), {hi})"
+    clamped = f"LEAST(GREATEST({written_sql(arg)}, {lo}), {hi})"
     if isinstance(node, exp.PercentileCont):
         p = node.expression.sql("postgres")
         example = f"PERCENTILE_CONT({p}) WITHIN GROUP (ORDER BY {clamped})"
@@ -860,6 +861,7 @@ def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolve
             key = node.sql("postgres")
             if key in aggregates:
                 continue
+            shown = written_sql(node)  # for messages: WIDTH_BUCKET, AGE as written
             if node.parent is not None and isinstance(node.parent, exp.Filter):
                 raise NotSupportedError("aggregate FILTER (WHERE …) is not supported",
                                         hint="use CASE WHEN … THEN … END inside the aggregate")
@@ -882,27 +884,27 @@ def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolve
                 if rule_name == "mode" and arg_type.kind == "bool":
                     arg, arg_type, rule = _mode_of_truth(arg)
                 elif rule_name == "mode" and arg_type.kind not in ("num", "date", "null"):
-                    arg, arg_type, rule = _mode_of_public_values(key, arg, resolve)
+                    arg, arg_type, rule = _mode_of_public_values(shown, arg, resolve)
                 if rule.exponential and arg_type.kind == "date":
-                    arg, arg_type = _date_as_days(key, node, arg, resolve)
+                    arg, arg_type = _date_as_days(shown, node, arg, resolve)
                     rule = replace(rule, value_type="date")
                 if rule_name == "mode":
-                    _check_mode_candidates(key, arg, arg_type)
+                    _check_mode_candidates(shown, arg, arg_type)
                 if rule_name in ("sum", "avg") or rule_name in VARIANCE_RULES \
                         or rule.exponential:
                     name = node.sql_name() if rule.exponential else rule_name.upper()
                     if arg_type.kind not in ("num", "null"):
                         raise DatatypeMismatch(f"{name} needs a number, got "
-                                               f"{arg_type.kind}: {arg.sql('postgres')}")
+                                               f"{arg_type.kind}: {written_sql(arg)}")
                     if not arg_type.bounded:
                         raise PrivacyViolation(
-                            f"{key}: no bound is known for {arg.sql('postgres')}, so one "
+                            f"{shown}: no bound is known for {written_sql(arg)}, so one "
                             "person could change the result without limit",
                             hint=_quantile_clamp_hint(node, arg, arg_type) if rule.exponential
                             else _clamp_hint(rule_name.upper(), arg, arg_type))
                     if max(abs(arg_type.lower), abs(arg_type.upper)) > MAX_VALUE_BOUND:
                         raise NotSupportedError(
-                            f"{key}: the bounds of {arg.sql('postgres')}, [{arg_type.lower:g}, "
+                            f"{shown}: the bounds of {written_sql(arg)}, [{arg_type.lower:g}, "
                             f"{arg_type.upper:g}], exceed ±{MAX_VALUE_BOUND:g}; the noise "
                             "would be as large and sums would lose exactness",
                             hint=_clamp_hint(name, arg, ExprType("num")))
@@ -911,10 +913,10 @@ def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolve
                         # the centred sum of squares is a statistic of its own, with bounds
                         # [0, half_range²]: the same limit holds for it
                         raise NotSupportedError(
-                            f"{key}: the squared deviations of {arg.sql('postgres')} reach "
+                            f"{shown}: the squared deviations of {written_sql(arg)} reach "
                             f"{half_range ** 2:g}, beyond ±{MAX_VALUE_BOUND:g}; the noise "
                             "would be as large and sums would lose exactness",
-                            hint=f"clamp {arg.sql('postgres')} to a range at most "
+                            hint=f"clamp {written_sql(arg)} to a range at most "
                                  f"{2 * MAX_VALUE_BOUND ** 0.5:.4g} wide")
                     bounds = (arg_type.lower, arg_type.upper)
             indexes = []
@@ -925,9 +927,8 @@ def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolve
                     statistics.append(statistic)
                     same = len(statistics) - 1
                 indexes.append(same)
-            written = written_sql(node)
             aggregates[key] = AggregateCall(key, rule, tuple(indexes), bounds,
-                                            written if written != key else None)
+                                            shown if shown != key else None)
     kinds = {s.kind for s in statistics}
     if {"count_distinct", "quantile"} <= kinds:
         # a quantile's statement counts per group and histogram bin, and distinct values

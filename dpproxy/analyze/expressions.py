@@ -80,7 +80,7 @@ _ROW_FUNCTIONS_HELP = (
     "+ - * / %, ABS, ROUND, FLOOR, CEIL, TRUNC, LEAST, GREATEST, CASE, COALESCE, NULLIF, CAST, "
     "comparisons, AND/OR/NOT, IN (list), BETWEEN, LIKE/ILIKE, IS NULL, LOWER, UPPER, LENGTH, "
     "TRIM, SUBSTRING, ||, ~ and ~* (regular expressions), EXTRACT, DATE_TRUNC, "
-    "TO_CHAR(date, format), WIDTH_BUCKET with constant bounds"
+    "TO_CHAR(date, format), WIDTH_BUCKET with constant bounds, EXTRACT(YEAR FROM AGE(a, b))"
 )
 
 
@@ -609,6 +609,8 @@ class _RowTyper:
             raise InvalidParameterValue(f"EXTRACT field {part!r} is not supported",
                                         hint=f"fields: {', '.join(sorted(_EXTRACT_PARTS))}")
         lo, hi = _EXTRACT_BOUNDS.get(part, (-INF, INF))
+        if part == "year":  # a date with bounds (the policy's, a constant, a clamp) has years
+            lo, hi = _years(*date_bounds(node.expression, self.resolve))
         return _num(lo, hi, _EXTRACT_PARTS[part], source.nullable)
 
     def _date_trunc(self, unit: exp.Expression | None, value: exp.Expression) -> ExprType:
@@ -641,6 +643,23 @@ class _RowTyper:
 
 
 # -- date bounds ---------------------------------------------------------------------------------
+def _years(first_day: float, last_day: float) -> tuple[float, float]:
+    """The years of the first and last of a range of day numbers; ±inf where the range is
+    open or beyond Python's dates (years 1 to 9999)."""
+    def year(day: float) -> float | None:
+        if not math.isfinite(day):
+            return None
+        try:
+            return float((_EPOCH_DATE + dt.timedelta(days=day)).year)
+        except OverflowError:
+            return None
+    lo, hi = year(first_day), year(last_day)
+    return (lo if lo is not None else -INF, hi if hi is not None else INF)
+
+
+_EPOCH_DATE = dt.date(1970, 1, 1)  # day number 0 (`clock.day_number`)
+
+
 def date_bounds(node: exp.Expression, resolve: Resolver) -> tuple[float, float]:
     """Bounds of a date row expression's values as day numbers (`clock.day_number`), ±inf
     where none is known: a date column's policy bounds (`lower`/`upper`, or the ends of

@@ -5,7 +5,7 @@ regular expressions and date arithmetic compare the three."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import duckdb
@@ -50,3 +50,28 @@ def three_ways(duck: duckdb.DuckDBPyConnection, postgres: psycopg.Connection[Any
     own = postgres.execute(f"SELECT {native or expression} {order}")
     return [(a, b, c) for (a,), (b,), (c,) in zip(on_duckdb.fetchall(), on_postgres.fetchall(),
                                                   own.fetchall(), strict=True)]
+
+
+def disagreements(connections: Connections, table: TablePolicy, values: Sequence[object],
+                  calls: Sequence[tuple[str, str]]) -> list[tuple[str, object, tuple[Any, ...]]]:
+    """(expression, value, its three results) wherever `three_ways` disagrees, for each
+    (expression as dpproxy runs it, PostgreSQL's own form) of `calls`: numbers compare as
+    floats (DuckDB's DOUBLE, PostgreSQL's NUMERIC), NULL only with NULL."""
+    def same(row: tuple[Any, Any, Any]) -> bool:
+        if any(v is None for v in row):
+            return all(v is None for v in row)
+        return float(row[0]) == float(row[1]) == float(row[2])
+
+    out = []
+    for expression, native in calls:
+        rows = three_ways(*connections, table, expression, native=native)
+        out += [(expression, v, r) for v, r in zip(values, rows, strict=True) if not same(r)]
+    return out
+
+
+def folded(call: str, fold: Callable[[sqlglot.exp.Expression], sqlglot.exp.Expression]
+           ) -> str:
+    """The SQL an analyzer fold (`fold_width_buckets`, `fold_ages`) makes of one
+    select-list expression, without the alias a fold may give it."""
+    item = fold(sqlglot.parse_one(f"SELECT {call}", read="postgres")).expressions[0]
+    return (item.this if isinstance(item, sqlglot.exp.Alias) else item).sql("postgres")

@@ -16,7 +16,7 @@ from dpproxy.session import Engine
 
 from .exact import read_directly
 from .refusals import assert_refused
-from .rewrites import Connections, loaded, three_ways
+from .rewrites import Connections, disagreements, folded, loaded
 
 BACKENDS = ("duckdb", "postgres")
 
@@ -42,19 +42,11 @@ def connections(pg_dsn: str) -> Iterator[Connections]:
 
 
 def _folded(call: str) -> str:
-    select = sqlglot.parse_one(f"SELECT {call}", read="postgres")
-    return fold_ages(select).expressions[0].sql("postgres")
+    return folded(call, fold_ages)
 
 
 def _mismatches(connections: Connections, calls: list[str]) -> list[tuple[str, object, object]]:
-    out = []
-    for call in calls:
-        rows = three_ways(*connections, TABLE, _folded(call), native=call)
-        out += [(call, d, r) for d, r in zip(DAYS, rows, strict=True)
-                if not (r[0] is None and r[1] is None and r[2] is None)
-                and not (r[0] is not None and r[1] is not None and r[2] is not None
-                         and float(r[0]) == float(r[1]) == float(r[2]))]
-    return out
+    return disagreements(connections, TABLE, DAYS, [(_folded(c), c) for c in calls])
 
 
 def test_years_are_postgresqls(connections: Connections) -> None:

@@ -12,7 +12,7 @@ from dpproxy.policy import ColumnPolicy, TablePolicy
 from dpproxy.session import Engine
 
 from .refusals import assert_refused
-from .rewrites import Connections, loaded, three_ways
+from .rewrites import Connections, disagreements, loaded, three_ways
 
 BACKENDS = ("duckdb", "postgres")
 
@@ -39,13 +39,7 @@ def connections(pg_dsn: str) -> Iterator[Connections]:
 def test_both_backends_truncate_as_postgresql(connections: Connections) -> None:
     """6 calls on 4,004 values: DuckDB's rewrite, PostgreSQL's rewrite and PostgreSQL's own
     function agree on every value (NULL included)."""
-    wrong = []
-    for call, native in CALLS:
-        rows = three_ways(*connections, TABLE, call, native=native)
-        wrong += [(call, x, r) for x, r in zip(NUMBERS, rows, strict=True)
-                  if not (r[0] is None and r[1] is None and r[2] is None)
-                  and not (r[0] is not None and float(r[0]) == float(r[1]) == float(r[2]))]
-    assert wrong == []
+    assert disagreements(connections, TABLE, NUMBERS, CALLS) == []
 
 
 def test_the_comparison_can_fail(connections: Connections) -> None:

@@ -27,7 +27,7 @@ from typing import Literal
 
 from sqlglot import exp
 
-from ..clock import DAYS, constant_date, day_number, parse_date
+from ..clock import DAYS, EPOCH, constant_date, day_number, parse_date
 from ..errors import (
     DatatypeMismatch,
     GroupingError,
@@ -650,14 +650,11 @@ def _years(first_day: float, last_day: float) -> tuple[float, float]:
         if not math.isfinite(day):
             return None
         try:
-            return float((_EPOCH_DATE + dt.timedelta(days=day)).year)
+            return float((EPOCH + dt.timedelta(days=day)).year)
         except OverflowError:
             return None
     lo, hi = year(first_day), year(last_day)
     return (lo if lo is not None else -INF, hi if hi is not None else INF)
-
-
-_EPOCH_DATE = dt.date(1970, 1, 1)  # day number 0 (`clock.day_number`)
 
 
 def date_bounds(node: exp.Expression, resolve: Resolver) -> tuple[float, float]:

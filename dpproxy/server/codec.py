@@ -137,8 +137,7 @@ def pg_type(name: str) -> PgType:
     if key.endswith("[]"):
         element = pg_type(key[:-2])
         return TYPES_BY_NAME.get("_" + element.name, TYPES_BY_NAME["_text"])
-    key = _ALIASES.get(key, key)
-    return TYPES_BY_NAME.get(key, TYPES_BY_NAME["text"])
+    return find_type(key) or TYPES_BY_NAME["text"]
 
 
 # reading helpers ------------------------------------------------------------------------------

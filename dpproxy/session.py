@@ -483,9 +483,14 @@ class Session:
     def execute(self, sql: str, params: Parameters = None) -> Result:
         """Run one statement string; with several (session statements around at most one
         query), return the last statement's result."""
-        # the analyst's grants and role as the engine holds them now (`refresh_analysts`)
+        # the analyst's grants and role as the engine holds them now (`refresh_analysts`);
+        # one removed from the policy runs nothing more (the server ends its connections)
         current = self.engine.policy.analysts.get(self.analyst.name)
-        if current is not None and current is not self.analyst:
+        if current is None:
+            raise errors.InvalidAuthorization(
+                f"analyst \"{self.analyst.name}\" was removed from the policy",
+                hint="ask an admin to add the analyst again")
+        if current is not self.analyst:
             self.analyst = current
         try:
             # a query is bound only if its parameters do not fill a known shape's slots

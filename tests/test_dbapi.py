@@ -548,3 +548,21 @@ def test_grants_follow_the_policy_file(make_policy: Any) -> None:
         assert ledger.status("analyst:alice").spent.epsilon == spent
         path.write_text(text)
         assert conn.execute("SELECT COUNT(*) FROM visits WHERE amount > 1").fetchall()
+
+
+def test_a_removed_analyst_runs_nothing_more(make_policy: Any) -> None:
+    """Removing alice from the policy file ends what her open DB-API connection can do, as
+    the wire server ends her connections: her next statement is 28000 and charges
+    nothing."""
+    path = make_policy()
+    text = path.read_text()
+    start, end = text.index("[analysts.alice]"), text.index("[analysts.admin]")
+    with dpproxy.connect(path, analyst="alice") as conn:
+        conn.execute("SELECT COUNT(*) FROM adult").fetchall()
+        ledger = conn.session.engine.ledger
+        spent = ledger.status("analyst:alice").spent.epsilon
+        path.write_text(text[:start] + text[end:])
+        with pytest.raises(dpproxy.OperationalError) as refused:
+            conn.execute("SELECT COUNT(*) FROM visits")
+        assert refused.value.sqlstate == "28000" and "removed" in str(refused.value)
+        assert ledger.status("analyst:alice").spent.epsilon == spent

@@ -16,7 +16,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -218,8 +218,10 @@ class Engine:
         self._planned: weakref.WeakSet[Rewritten] = weakref.WeakSet()
         # (statement text, typed parameters) → the normalized bound query
         self._normalized: OrderedDict[tuple[str, str], str] = OrderedDict()
-        # (statement text, typed parameters) → output names, for texts analysed and accepted
-        self._output_names: OrderedDict[tuple[str, str], tuple[str, ...]] = OrderedDict()
+        # (statement text, typed parameters) → its output names and the tables it reads, for
+        # texts analysed and accepted: a repeat is answered before analysis
+        self._output_names: OrderedDict[tuple[str, str], tuple[tuple[str, ...], frozenset[str]]] \
+            = OrderedDict()
         # (analyst, shape key) → the accepted analysis of a query of that shape (its WHERE
         # holding the shape's slots), and the backend statement of that analysis
         self._shapes: OrderedDict[tuple[str, str], tuple[Analysis, Rewritten]] = OrderedDict()
@@ -257,14 +259,20 @@ class Engine:
             if len(self._templates) > REWRITE_CACHE_SIZE:
                 self._templates.popitem(last=False)
 
-    def output_names(self, statement: Statement) -> tuple[str, ...] | None:
-        """The output names of this text with these parameters, if it was accepted before."""
+    def output_names(self, statement: Statement, granted: Collection[str]
+                     ) -> tuple[str, ...] | None:
+        """The output names of this text with these parameters, if it was accepted before
+        and reads only `granted` tables (a grant revoked since is analysed again)."""
         with self._lock:
-            return self._output_names.get(_memo_key(statement))
+            known = self._output_names.get(_memo_key(statement))
+        if known is None or not known[1] <= set(granted):
+            return None
+        return known[0]
 
-    def remember_output_names(self, statement: Statement, names: tuple[str, ...]) -> None:
+    def remember_output_names(self, statement: Statement, names: tuple[str, ...],
+                              tables: frozenset[str]) -> None:
         with self._lock:
-            self._output_names[_memo_key(statement)] = names
+            self._output_names[_memo_key(statement)] = (names, tables)
             if len(self._output_names) > REWRITE_CACHE_SIZE:
                 self._output_names.popitem(last=False)
 
@@ -380,25 +388,15 @@ class Engine:
             self.ledger.add_accounts({analyst_account(a.name): Cost(a.budget.epsilon,
                                                                     a.budget.delta)
                                       for a in added if a.budget is not None})
-            if regranted:
-                self._forget_grants(regranted)
             # the version (the key of stored answers) stays: no query reads the analysts
-            # list, nor a verifier; a repeat after a change of grants is analysed again
+            # list, nor a verifier; whatever lets a query skip analysis (a stored shape, a
+            # text's output names) is used only while the analyst is granted its tables
             self._read = replace(read, analysts=analysts)
             self.policy = replace(self.policy, analysts=analysts)
             self._stamp = stamp
             _log.info("policy %s: analysts now %s%s", read.path.name,
                       ", ".join(sorted(analysts)),
                       f"; new grants for {', '.join(sorted(regranted))}" if regranted else "")
-
-    def _forget_grants(self, analysts: Sequence[str]) -> None:
-        """Drop what lets a query skip analysis (and so the check of its tables): the
-        analysts' accepted shapes, and every text's output names (which let a repeat be
-        answered from the stored answers before it is analysed)."""
-        with self._lock:
-            for key in [k for k in self._shapes if k[0] in analysts]:
-                del self._shapes[key]
-            self._output_names.clear()
 
     def session(self, analyst: str, **options: Any) -> Session:
         return Session(self, self.policy.analyst(analyst), options)
@@ -679,7 +677,8 @@ class Session:
         # on (query, options, policy version, data, accounting), so analysing it again could
         # change nothing. (An equivalent text never seen, e.g. MEDIAN(x) after
         # PERCENTILE_CONT(0.5) …, is analysed first: its columns need its own names.)
-        names = self.engine.output_names(statement) if FAST_REPEATS else None
+        names = self.engine.output_names(statement, self.analyst.tables) \
+            if FAST_REPEATS else None
         key = None
         if names is not None:  # unbound or not: the key needs no tree for a text seen before
             key = self._cache_key(statement)
@@ -701,7 +700,8 @@ class Session:
         plan = planned
         self._check_result_rows(plan.analysis)
         names = tuple(o.name for o in plan.analysis.outputs)
-        self.engine.remember_output_names(statement, names)
+        self.engine.remember_output_names(statement, names, frozenset(
+            [plan.analysis.table.name, *(j.table.name for j in plan.analysis.joins)]))
         if not plan.reads_data:  # public keys only: nothing private is read, nothing charged
             released = release(plan, [])
             self._audit(plan.analysis.statement, "released", rows=len(released.rows))

@@ -156,8 +156,8 @@ def test_grants_and_role_follow_the_policy_file(serve: ServeFactory,
 
 def test_a_shape_stored_across_a_revocation_is_not_trusted(engine: Engine) -> None:
     """A query analysed while its table was being revoked may store its accepted shape
-    after refresh_analysts dropped the analyst's shapes: a later query of that shape is
-    analysed again, and refused, rather than planned from the stored shape."""
+    after the new grants apply: a later query of that shape is analysed again, and
+    refused, rather than planned from the stored shape."""
     alice = engine.session("alice", epsilon=1.0)
     shape = "SELECT COUNT(*) FROM visits WHERE amount > %s"
     alice.execute(shape, (10,))
@@ -169,6 +169,27 @@ def test_a_shape_stored_across_a_revocation_is_not_trusted(engine: Engine) -> No
     with pytest.raises(errors.PrivacyViolation) as refused:
         alice.execute(shape, (20,))
     assert refused.value.sqlstate == "42501" and "visits" in str(refused.value)
+    assert engine.ledger.status("analyst:alice").spent.epsilon == spent
+
+
+def test_an_answered_text_is_not_repeated_across_a_revocation(engine: Engine) -> None:
+    """A repeat of an answered text is served from the stored answers before analysis, by
+    its remembered output names. Once visits is revoked (the engine's grants changed
+    directly: nothing was dropped), the repeat is analysed again and refused; granted
+    back, it is the stored answer again, free."""
+    alice = engine.session("alice", epsilon=1.0)
+    sql = "SELECT COUNT(*) FROM visits"
+    first = alice.execute(sql).rows
+    granted = engine.policy.analysts["alice"]
+    spent = engine.ledger.status("analyst:alice").spent.epsilon
+    engine.policy = replace(engine.policy, analysts={
+        **engine.policy.analysts, "alice": replace(granted, tables=("adult",))})
+    with pytest.raises(errors.PrivacyViolation) as refused:
+        alice.execute(sql)
+    assert "visits" in str(refused.value)
+    engine.policy = replace(engine.policy, analysts={**engine.policy.analysts,
+                                                     "alice": granted})
+    assert alice.execute(sql).rows == first
     assert engine.ledger.status("analyst:alice").spent.epsilon == spent
 
 

@@ -180,8 +180,10 @@ def _geometric(m: int) -> np.ndarray:
         if fails.size == 0:
             carry += n
             continue
-        lengths = np.diff(fails, prepend=-1) - 1
-        lengths[0] += carry
+        # fails[i] − fails[i−1] − 1 (fails[-1] read as −1); np.diff(prepend=) costs more
+        lengths = np.empty(fails.size, dtype=np.int64)
+        lengths[0] = fails[0] + carry
+        np.subtract(fails[1:], fails[:-1] + 1, out=lengths[1:])
         carry = n - 1 - int(fails[-1])
         runs.append(lengths)
         have += lengths.size

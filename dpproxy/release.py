@@ -183,17 +183,21 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
     for agg in analysis.aggregates:
         stats = [analysis.statistics[i] for i in agg.statistics]
         halves = _half_widths(agg, plan)
-        columns = [list(map(float, noisy_by_measurement[i])) for i in agg.statistics]
+        integer = agg.rule.integer_result(stats)
         if agg.rule.releases_its_statistic:
-            values, intervals_of[agg.sql] = _single_columns(columns[0], halves[0],
-                                                            agg.rule.value_range(stats))
+            values, intervals_of[agg.sql] = _single_columns(
+                noisy_by_measurement[agg.statistics[0]], halves[0],
+                agg.rule.value_range(stats), integer)
         else:
+            columns = [list(map(float, noisy_by_measurement[i])) for i in agg.statistics]
             released_rows = list(zip(*columns, strict=True))
             values = [combine(agg.rule, r, stats) for r in released_rows]
             if not agg.rule.exponential:  # quantiles have none (see dpproxy.quantiles)
                 intervals_of[agg.sql] = [interval(agg.rule, r, halves, stats)
                                          for r in released_rows]
-        values_of[agg.sql] = _rounded(values) if agg.rule.integer_result(stats) else values
+            if integer:
+                values = _rounded(values)
+        values_of[agg.sql] = values
         if agg.rule.labels is not None:  # MODE of public values: drawn as their positions
             labels = agg.rule.labels
             values_of[agg.sql] = [labels[int(v)] for v in values_of[agg.sql]]
@@ -242,38 +246,44 @@ def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:
                     tuple(_accuracy(o, plan) for o in analysis.outputs), out_intervals)
 
 
-def _single_columns(released: list[float], half: float, bounds: Interval
-                    ) -> tuple[list[float], list[Interval]]:
+def _single_columns(released: Sequence[float] | np.ndarray, half: float, bounds: Interval,
+                    integer: bool = False) -> tuple[list[Value], list[Interval]]:
     """combine() and interval() of a one-statistic rule (COUNT, SUM: `releases_its_statistic`,
     the value is the released statistic, its interval that ± its half-width) for a whole
-    column at once. _clip's min(max(v, low), high) is, for low <= high, "low if v < low,
-    else high if v > high, else v" (NaN and signed zeros included), which is what the
-    np.where below computes; v ± half is the same IEEE operation in numpy as in Python."""
+    column at once, the values `_rounded` where `integer`. The released numbers are read
+    as float() reads them (numpy's conversion of an int is the same nearest double).
+    _clip's min(max(v, low), high) is, for low <= high, "low if v < low, else high if
+    v > high, else v" (NaN and signed zeros included), which is what the np.where below
+    computes; v ± half is the same IEEE operation in numpy as in Python."""
     low, high = bounds
     if len(released) < _NUMPY_MIN:
-        return ([low if v < low else high if v > high else v for v in released],
+        floats = list(map(float, released))
+        clipped = [low if v < low else high if v > high else v for v in floats]
+        return (_rounded(clipped) if integer else clipped,  # type: ignore[return-value]
                 [(low if v - half < low else high if v - half > high else v - half,
                   low if v + half < low else high if v + half > high else v + half)
-                 for v in released])
-    column = np.array(released, dtype=np.float64)
+                 for v in floats])
+    column = np.asarray(released, dtype=np.float64)
 
-    def clip(a: np.ndarray) -> list[float]:
-        return np.where(a < low, low, np.where(a > high, high, a)).tolist()  # type: ignore[no-any-return]
+    def clip(a: np.ndarray) -> np.ndarray:
+        return np.where(a < low, low, np.where(a > high, high, a))
 
-    return clip(column), list(zip(clip(column - half), clip(column + half), strict=True))
+    values = clip(column)
+    return (_rounded(values) if integer else values.tolist(),
+            list(zip(clip(column - half).tolist(), clip(column + half).tolist(), strict=True)))
 
 
 # Below this many groups, numpy's per-call cost exceeds what it saves
 _NUMPY_MIN = 32
 
 
-def _rounded(values: list[float]) -> list[int]:
+def _rounded(values: Sequence[float] | np.ndarray) -> list[int]:
     """[round(v) for v in values]: half to even, as np.rint, while the ints fit in int64."""
     if len(values) < _NUMPY_MIN:
         return [round(v) for v in values]
-    column = np.array(values, dtype=np.float64)
+    column = np.asarray(values, dtype=np.float64)
     if not (np.abs(column) < 2.0**62).all():  # infinities and NaN too: round() decides
-        return [round(v) for v in values]
+        return [round(v) for v in column.tolist()]
     return np.rint(column).astype(np.int64).tolist()  # type: ignore[no-any-return]
 
 
@@ -372,7 +382,7 @@ def _key_sorted(kept: list[tuple[tuple[object, ...], _T]]) -> list[tuple[tuple[o
 
 def _selected_columns(analysis: Analysis, selection: SelectionSpec,
                       rows: Sequence[tuple[object, ...]]
-                      ) -> tuple[list[list[object]], list[float],
+                      ) -> tuple[list[list[object]], np.ndarray,
                                  Callable[[int], list[object]]] | None:
     """_selected and the exact statistics of the groups it keeps, as `release` reads them
     from _exact_by_group, computed column-wise: the kept groups' key columns, their noisy
@@ -416,7 +426,7 @@ def _selected_columns(analysis: Analysis, selection: SelectionSpec,
     def exact_column(i: int) -> list[object]:
         return _statistic_column(_take(rows, picked, key_count + i))  # type: ignore[return-value]
 
-    return key_columns, noisy[np.array(order, dtype=np.intp)].tolist(), exact_column
+    return key_columns, noisy[np.array(order, dtype=np.intp)], exact_column
 
 
 def _take(values: Sequence[_T], indices: list[int], field: int | None = None) -> list[_T]:

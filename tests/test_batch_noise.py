@@ -24,7 +24,7 @@ from dpproxy import batch_noise as b
 from dpproxy import mechanisms as m
 from dpproxy import release as r
 from dpproxy.analyze import GroupKey
-from dpproxy.analyze.aggregates import RULES, combine, interval
+from dpproxy.analyze.aggregates import RULES, Statistic, combine, interval
 from dpproxy.analyze.keys import normalize_key
 from dpproxy.errors import InvalidParameterValue
 from dpproxy.policy import ColumnPolicy
@@ -340,7 +340,6 @@ def test_release_vectors_noise_distribution() -> None:
                                               ("sum", -5.0, 0.0)])
 def test_single_columns_match_combine_and_interval(rule: str, lower: float, upper: float
                                                    ) -> None:
-    from dpproxy.analyze.aggregates import Statistic
     stats = [Statistic("sum", None, lower, upper)] if rule == "sum" else [Statistic("count")]
     rng = random.Random(3)
     released = [rng.uniform(-50, 50) for _ in range(500)] + [0.0, -0.0, 3.5, -3.5, math.inf,
@@ -351,6 +350,25 @@ def test_single_columns_match_combine_and_interval(rule: str, lower: float, uppe
         assert repr(values) == repr([combine(RULES[rule], [v], stats) for v in column])
         assert repr(intervals) == repr([interval(RULES[rule], [v], [3.5], stats)
                                         for v in column])
+
+
+def test_single_columns_take_arrays_and_round() -> None:
+    """Noisy counts arrive as int64 arrays: read as float() reads them, and with `integer`
+    rounded as _rounded rounds the list path's values."""
+    rng = random.Random(4)
+    stats = [Statistic("count")]
+    bounds = RULES["count"].value_range(stats)
+    ints = [rng.randrange(-60, 2**53) for _ in range(500)] + [0, -1, 2**53 - 1]
+    for column in (ints, ints[-12:]):
+        array = np.array(column, dtype=np.int64)
+        floats = [float(v) for v in column]
+        assert repr(r._single_columns(array, 3.5, bounds)) \
+            == repr(r._single_columns(floats, 3.5, bounds))
+        values, intervals = r._single_columns(array, 3.5, bounds, integer=True)
+        assert values == [round(combine(RULES["count"], [v], stats)) for v in floats]
+        assert all(type(v) is int for v in values)
+        assert repr(intervals) == repr([interval(RULES["count"], [v], [3.5], stats)
+                                        for v in floats])
 
 
 def test_rounded_is_round() -> None:

@@ -16,9 +16,14 @@ the very data it was read from:
   other process from opening it for writing meanwhile (and this process opens it with
   one configuration only), so one check holds for the life of the backend;
 * PostgreSQL: check and query run in one REPEATABLE READ transaction, and a check is
-  reused only by a transaction whose snapshot (xmin, xmax, in-progress transactions, and
+  reused by a transaction whose snapshot (xmin, xmax, in-progress transactions, and
   the server's start time) equals the one it was read in: equal snapshots see the same
-  committed rows.
+  committed rows. Any commit on the server moves the snapshot, so a check that held is
+  also carried to a new snapshot where the table gained no row version since: every row
+  the new snapshot sees whose inserting transaction ended before the old snapshot's xmin
+  was seen by the old one, so the rows now are a subset of the rows checked, and no unit
+  has more rows, or more groups, in a subset (`PostgresBackend` has the details). Only a
+  check that held is carried: a count's excess rows would change with a deletion.
 
 A statement grouping by public keys filters its rows by the public lists before it
 aggregates. Where the bounds hold and the check also saw few distinct groups in the whole
@@ -90,6 +95,7 @@ class BoundCheck:
     heavy_sql: str = ""
     rows_sql: str = ""
     counts_excess: bool = False
+    table: str = ""  # the table read, as the policy names it
 
     @cached_property
     def heavy_table(self) -> str:
@@ -127,6 +133,7 @@ class BoundingCounts:
     enforced: int = 0
     split: int = 0
     excess: int = 0  # bounded counts run as the rows less the check's excess rows
+    carried: int = 0  # checks that held carried to a later snapshot (PostgreSQL)
 
 
 @dataclass(frozen=True, eq=False)
@@ -251,4 +258,5 @@ def bound_check(table: str, unit: exp.Expression, keys: Sequence[exp.Expression]
                      copy=False)
     return BoundCheck(check.sql(dialect=dialect, copy=False), max_rows, max_groups,
                       counts_groups, heavy.sql(dialect=dialect, copy=False),
-                      table_rows.sql(dialect=dialect, copy=False), counts_excess=not keys)
+                      table_rows.sql(dialect=dialect, copy=False), counts_excess=not keys,
+                      table=table)

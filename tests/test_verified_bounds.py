@@ -53,7 +53,7 @@ TABLES
 
 [analysts.bob]
 budget = { epsilon = 1e9, delta = 0.5 }
-tables = ["w", "h", "h0", "m", "k", "many", "h1", "hh", "n1", "n2", "s"]
+tables = ["w", "h", "h0", "m", "cw", "k", "many", "h1", "hh", "n1", "n2", "s"]
 """
 
 TABLE = """
@@ -116,7 +116,8 @@ def spread_unit() -> list[tuple[Any, ...]]:
 
 
 TABLES = {"w": within_rows(), "h": heavy_rows() + light_rows(), "h0": light_rows(),
-          "m": light_rows(), "k": keyed_rows(3), "many": keyed_rows(LATE_FILTER_GROUPS),
+          "m": light_rows(), "cw": light_rows(), "k": keyed_rows(3),
+          "many": keyed_rows(LATE_FILTER_GROUPS),
           # h with at most 1 group per unit; a heavy unit holding most rows; a NULL unit
           # within the bounds beside the heavy unit 0, and one over them; text units
           "h1": heavy_rows() + light_rows(), "hh": heavy_rows() + light_rows()[:20],
@@ -531,6 +532,91 @@ def test_postgres_change_after_a_check_is_seen(postgres_dsn: str, tmp_path: Path
         assert got[("a",)][0] - before[("a",)][0] == MAX_ROWS
     finally:
         backend.close()
+
+
+def carried(backend: Backend) -> int:
+    return int(backend.bounding.carried)  # type: ignore[attr-defined]
+
+
+def test_postgres_check_carried_to_snapshots_without_new_rows(postgres_dsn: str,
+                                                              tmp_path: Path) -> None:
+    """A check that held is carried to a later snapshot, without reading it again, past a
+    commit to another table and past a deletion from its own (fewer rows: the answer is
+    that of the rows left); a row version committed to its table since (here an UPDATE
+    that changes no value) stops that, and the query is bounded until the check is read
+    anew."""
+    policy = load_policy(write_policy(tmp_path, f'kind = "postgres"\ndsn = "{postgres_dsn}"'))
+    plan = plan_for(policy, "SELECT g, COUNT(*), SUM(v) FROM cw GROUP BY g", analyst=ANALYST)
+    backend = open_backend(policy)
+    backend.recheck_s = 3600.0  # type: ignore[attr-defined]
+    try:
+        first = exact_rows(backend, plan, verify_bounds=True)
+        assert (counts(backend), carried(backend)) == ((1, 1, 0), 0)
+        with psycopg.connect(postgres_dsn, autocommit=True) as writer:
+            writer.execute("CREATE TABLE elsewhere (x INTEGER)")
+            writer.execute("INSERT INTO elsewhere VALUES (1)")
+            assert exact_rows(backend, plan, verify_bounds=True) == first
+            assert (counts(backend), carried(backend)) == ((1, 2, 0), 1)
+            writer.execute("DELETE FROM cw WHERE uid = 1")  # group b, 2 rows, v = 1 each
+            got = exact_rows(backend, plan, verify_bounds=True)
+            assert (counts(backend), carried(backend)) == ((1, 3, 0), 2)
+            assert got == exact_rows(backend, plan) != first  # the bounded statement's
+            assert got[("b",)] == (first[("b",)][0] - 2, first[("b",)][1] - 2)
+            writer.execute("UPDATE cw SET v = v WHERE uid = 2")
+            assert exact_rows(backend, plan, verify_bounds=True) == got
+            assert (counts(backend), carried(backend)) == ((1, 3, 1), 2)  # bounded
+            backend.recheck_s = 0.0  # type: ignore[attr-defined]
+            assert exact_rows(backend, plan, verify_bounds=True) == got
+            assert (counts(backend), carried(backend)) == ((2, 4, 1), 2)  # read anew
+    finally:
+        backend.close()
+
+
+def test_postgres_younger_rows_include_those_running_at_the_snapshot(
+        postgres_dsn: str) -> None:
+    """The carry's statement counts a row version young when its inserting transaction is
+    as young as the earlier snapshot's xmin: one committed after the snapshot was taken,
+    and one that was running while it was (in its xip), committed later; rows committed
+    before it are old. This is the case a test of "committed after" alone would miss."""
+    from dpproxy.backends.postgres import _YOUNGER_ROWS_SQL, _Snapshot
+
+    def young(xmin: int) -> bool:
+        with psycopg.connect(postgres_dsn, autocommit=True) as reader, \
+                psycopg.RawCursor(reader) as cursor:  # $1, as the backend's cursors
+            row = cursor.execute(_YOUNGER_ROWS_SQL.format(table='"young"'),
+                                 [str(xmin % (1 << 32))]).fetchone()
+        assert row is not None
+        return bool(row[0])
+
+    def snapshot() -> _Snapshot:
+        with psycopg.connect(postgres_dsn, autocommit=True) as reader:
+            row = reader.execute("SELECT pg_current_snapshot()::text || '@'").fetchone()
+        assert row is not None
+        read = _Snapshot.read(str(row[0]))
+        assert read is not None
+        return read
+
+    with psycopg.connect(postgres_dsn, autocommit=True) as writer, \
+            psycopg.connect(postgres_dsn) as running:
+        writer.execute("CREATE TABLE young (x INTEGER)")
+        writer.execute("INSERT INTO young VALUES (1)")
+        assert not young(snapshot().xmin)
+        running.execute("INSERT INTO young VALUES (2)")  # its transaction stays open
+        row = running.execute("SELECT pg_current_xact_id()::text").fetchone()
+        assert row is not None
+        xid = int(row[0])
+        during = snapshot()
+        # running while the snapshot was taken: listed (xip), or at or past its xmax
+        assert during.xmin <= xid and (xid in during.running or xid >= during.xmax)
+        assert not young(during.xmin)  # its row is not seen yet
+        running.commit()
+        assert young(during.xmin)
+        assert not young(snapshot().xmin)
+        after = snapshot()
+        writer.execute("INSERT INTO young VALUES (3)")
+        assert young(after.xmin)
+        writer.execute("DELETE FROM young WHERE x = 3")
+        assert not young(after.xmin)  # a deleted version is not seen
 
 
 # -- through the session ---------------------------------------------------------------------------

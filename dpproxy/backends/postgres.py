@@ -21,12 +21,14 @@ import hashlib
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg.adapt import Loader
 from psycopg.types.datetime import DateLoader, TimestampLoader, TimestamptzLoader
 from psycopg_pool import ConnectionPool, PoolTimeout
+from sqlglot import exp
 
 from ..bounds import BoundCheck, BoundingCounts, Unbounded
 from ..errors import BackendError, InvalidPolicy
@@ -70,6 +72,60 @@ _BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 # After the data changed, a bound check is read again at most this often (seconds): until
 # then queries are bounded as always, so a busy server does not pay a check per query.
 RECHECK_S = 60.0
+# Whether a table holds a row version younger than a snapshot's xmin, given as $1 (an xid,
+# its 32 low bits). age(x) is (int32)(N − x) for one N per transaction, the next xid read at
+# its first call (after the snapshot: N exceeds every xid it sees); age(xmin) <= age($1)
+# is then xmin >= $1 for every row version within 2^31 xids of N (the `_XID_SPAN` guard
+# keeps $1 so; an older raw xmin, frozen long ago, wraps and is counted young: bounded as
+# before, never wrongly carried), and xids 0–2 (frozen, bootstrap) have age INT_MAX: old.
+_YOUNGER_ROWS_SQL = ("SELECT EXISTS (SELECT 1 FROM {table} "
+                     "WHERE age(xmin) <= (SELECT age(CAST($1 AS xid))))")
+# Whether a check that held is carried to later snapshots (`_unchanged_since`); off, it is
+# reused only for an equal snapshot (benchmarks/busy_server.py compares the two)
+CARRY_CHECKS = True
+# A check is carried only across fewer xids than this (64-bit, from the snapshots' text),
+# far inside the 2^31 that 32-bit xid arithmetic compares correctly
+_XID_SPAN = 1 << 30
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """A `_SNAPSHOT_SQL` text read: "xmin:xmax:xip,…@server start"."""
+
+    xmin: int
+    xmax: int
+    running: frozenset[int]  # xip: top-level transactions in progress
+    start: str
+
+    @classmethod
+    def read(cls, text: str) -> _Snapshot | None:
+        xids, _, start = text.partition("@")
+        parts = xids.split(":")
+        if len(parts) != 3 or not all(p.isdigit() for p in parts[:2]) \
+                or not all(p.isdigit() for p in parts[2].split(",") if p):
+            return None
+        return cls(int(parts[0]), int(parts[1]),
+                   frozenset(int(p) for p in parts[2].split(",") if p), start)
+
+    def follows(self, before: _Snapshot) -> bool:
+        """Whether every transaction `before` sees as committed, this one does too: the same
+        server run, no smaller xmax, and none of the transactions below `before`'s xmax that
+        this one sees running was unseen (ended) in `before`; and few enough xids apart
+        for 32-bit xid arithmetic (`_XID_SPAN`).
+
+        >>> old = _Snapshot.read("100:105:100,103@s")
+        >>> _Snapshot.read("103:110:103,107@s").follows(old)
+        True
+        >>> _Snapshot.read("101:110:101@s").follows(old)  # 101 ended before `old`
+        False
+        >>> _Snapshot.read("100:104:100@s").follows(old)  # an earlier snapshot
+        False
+        >>> _Snapshot.read("103:110:103@t").follows(old)  # another server start
+        False
+        """
+        return self.start == before.start and before.xmax <= self.xmax \
+            and self.xmax - before.xmin < _XID_SPAN \
+            and all(x in before.running for x in self.running if x < before.xmax)
 
 
 class _NumericAsFloat(Loader):
@@ -158,8 +214,9 @@ class PostgresBackend:
                 from None
         self._server = describe_server(dsn)
         self._tables = list(tables)
-        # check SQL → (snapshot it was read in, observed maxima, monotonic time read)
-        self._checks: dict[str, tuple[str, tuple[object, ...] | None, float]] = {}
+        # check SQL → (snapshot it holds for, observed maxima, monotonic time read, whether
+        # it may be carried to a later snapshot)
+        self._checks: dict[str, tuple[str, tuple[object, ...] | None, float, bool]] = {}
         self._checks_lock = threading.Lock()
         self.bounding = BoundingCounts()
         self.recheck_s = RECHECK_S
@@ -250,8 +307,10 @@ class PostgresBackend:
     def _observed(self, conn: psycopg.Connection[Any], cursor: psycopg.Cursor[Any],
                   check: BoundCheck) -> tuple[object, ...] | None:
         """What `check` reads in this transaction's snapshot (None: not verified): known
-        for an equal snapshot, else read now (in a savepoint, at most every `recheck_s`
-        per check). Opens the transaction the caller's query runs in."""
+        for an equal snapshot, or carried from an earlier one where the check held and the
+        table has no row version since (`_unchanged_since`), else read now (in a savepoint,
+        at most every `recheck_s` per check). Opens the transaction the caller's query runs
+        in."""
         cursor.execute(f"{_BEGIN}; {_SNAPSHOT_SQL}")
         cursor.nextset()  # past BEGIN's result
         row = cursor.fetchone()
@@ -261,6 +320,16 @@ class PostgresBackend:
             known = self._checks.get(check.sql)
         if known is not None and known[0] == snapshot:
             return known[1]
+        if known is not None and known[3] and CARRY_CHECKS:
+            carried = self._unchanged_since(conn, cursor, check, known[0], snapshot)
+            with self._checks_lock:
+                # either way a later snapshot starts from here: carried to this one, or
+                # not carried again until it is read anew
+                self._checks[check.sql] = (snapshot, known[1], known[2], True) if carried \
+                    else (known[0], known[1], known[2], False)
+                self.bounding.carried += carried
+            if carried:
+                return known[1]
         if known is not None and now - known[2] < self.recheck_s:
             return None
         observed: tuple[object, ...] | None
@@ -271,9 +340,33 @@ class PostgresBackend:
         except psycopg.Error:  # e.g. too slow to verify within the timeout
             observed = None  # not verified: bound as always
         with self._checks_lock:
-            self._checks[check.sql] = (snapshot, observed, now)
+            self._checks[check.sql] = (snapshot, observed, now, check.holds(observed))
             self.bounding.checks += 1
         return observed
+
+    @staticmethod
+    def _unchanged_since(conn: psycopg.Connection[Any], cursor: psycopg.Cursor[Any],
+                         check: BoundCheck, before: str, snapshot: str) -> bool:
+        """Whether every row version of the check's table that this transaction's
+        `snapshot` sees was seen by the earlier snapshot `before` too. Where this snapshot
+        `follows` `before`, that holds when no version's inserting transaction (xmin) is as
+        young as `before`'s xmin: a version with an older xmin was inserted by a
+        transaction that had ended when `before` was taken, and committed (it is seen
+        now), so `before` saw it; and not deleted there, since every deletion `before`
+        saw, this snapshot sees too. Inserts and updates make younger versions; deletions
+        only remove rows. False where that cannot be read: a snapshot that does not follow,
+        a failed statement."""
+        old, new = _Snapshot.read(before), _Snapshot.read(snapshot)
+        if old is None or new is None or not new.follows(old) or not check.table:
+            return False
+        table = exp.to_identifier(check.table, quoted=True).sql(dialect="postgres")
+        try:
+            with conn.transaction():
+                found = cursor.execute(_YOUNGER_ROWS_SQL.format(table=table),
+                                       [str(old.xmin % (1 << 32))]).fetchone()
+        except psycopg.Error:
+            return False
+        return found is not None and found[0] is False
 
     def column_types(self, tables: Sequence[str]) -> dict[tuple[str, str], str]:
         """The type of each column of these tables (as the data version finds them, on the

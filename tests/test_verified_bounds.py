@@ -53,7 +53,7 @@ TABLES
 
 [analysts.bob]
 budget = { epsilon = 1e9, delta = 0.5 }
-tables = ["w", "h", "h0", "m", "cw", "k", "many", "h1", "hh", "n1", "n2", "s"]
+tables = ["w", "h", "h0", "m", "cw", "cr", "cd", "k", "many", "h1", "hh", "n1", "n2", "s"]
 """
 
 TABLE = """
@@ -116,7 +116,8 @@ def spread_unit() -> list[tuple[Any, ...]]:
 
 
 TABLES = {"w": within_rows(), "h": heavy_rows() + light_rows(), "h0": light_rows(),
-          "m": light_rows(), "cw": light_rows(), "k": keyed_rows(3),
+          "m": light_rows(), "cw": light_rows(), "cr": light_rows(),
+          "crh": heavy_rows() + light_rows(), "cd": within_rows(), "k": keyed_rows(3),
           "many": keyed_rows(LATE_FILTER_GROUPS),
           # h with at most 1 group per unit; a heavy unit holding most rows; a NULL unit
           # within the bounds beside the heavy unit 0, and one over them; text units
@@ -570,6 +571,71 @@ def test_postgres_check_carried_to_snapshots_without_new_rows(postgres_dsn: str,
             assert (counts(backend), carried(backend)) == ((2, 4, 1), 2)  # read anew
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize(("table", "change"), [
+    # another table, with a unit of 50 rows inserted long before, takes the name
+    ("cr", "ALTER TABLE cr RENAME TO cr_old; ALTER TABLE crh RENAME TO cr"),
+    # every row's key becomes 'a' with no new row version: units of 3–4 rows in one group
+    ("cd", "ALTER TABLE cd DROP COLUMN g; ALTER TABLE cd ADD COLUMN g TEXT DEFAULT 'a'"),
+])
+def test_postgres_check_not_carried_past_a_change_of_the_table_itself(
+        postgres_dsn: str, tmp_path: Path, table: str, change: str) -> None:
+    """Changes that leave every row version's xmin as it was, but not what the rows read
+    as, stop the carry (the table's catalog rows moved): the query is bounded, and once
+    read anew the check fails. The answer is the bounded statement's either way."""
+    policy = load_policy(write_policy(tmp_path, f'kind = "postgres"\ndsn = "{postgres_dsn}"'))
+    plan = plan_for(policy, f"SELECT g, COUNT(*) FROM {table} GROUP BY g", analyst=ANALYST)
+    # the rows the name reads after the change, and the bounded count of them all: each
+    # unit's rows per group up to 2, in its 2 fullest groups
+    rows = TABLES["crh"] if table == "cr" else [(r[0], "a") for r in TABLES["cd"]]
+    per_unit: dict[object, Counter[object]] = {}
+    for row in rows:
+        per_unit.setdefault(row[0], Counter())[row[1]] += 1
+    bounded_total = sum(sum(sorted((min(n, MAX_ROWS) for n in groups.values()),
+                                   reverse=True)[:MAX_GROUPS])
+                        for groups in per_unit.values())
+    assert bounded_total < len(rows)  # the change puts units over the bounds
+
+    def total() -> float:
+        return sum(v[0] for v in exact_rows(backend, plan, verify_bounds=True).values())
+
+    backend = open_backend(policy)
+    backend.recheck_s = 3600.0  # type: ignore[attr-defined]
+    try:
+        exact_rows(backend, plan, verify_bounds=True)
+        assert (counts(backend), carried(backend)) == ((1, 1, 0), 0)
+        with psycopg.connect(postgres_dsn, autocommit=True) as writer:
+            writer.execute(change)
+        assert total() == bounded_total
+        assert (counts(backend), carried(backend)) == ((1, 1, 1), 0)
+        backend.recheck_s = 0.0  # type: ignore[attr-defined]
+        assert total() == bounded_total
+        assert (counts(backend), carried(backend)) == ((2, 1, 2), 0)  # over the bounds
+    finally:
+        backend.close()
+
+
+def test_postgres_checks_on_views_and_partitioned_tables_are_not_carried(
+        postgres_dsn: str) -> None:
+    """Only a plain table without children has its catalog text read (a view's or a
+    foreign table's rows have no versions of their own to scan)."""
+    from dpproxy.backends.postgres import _catalog
+
+    def catalog(name: str) -> str | None:
+        with psycopg.connect(postgres_dsn, autocommit=True) as conn, \
+                psycopg.RawCursor(conn) as cursor:
+            return _catalog(conn, cursor, BoundCheck("", 1, 1, table=name))
+
+    with psycopg.connect(postgres_dsn, autocommit=True) as writer:
+        writer.execute("CREATE VIEW cv AS SELECT * FROM m")
+        writer.execute("CREATE TABLE cp (uid INTEGER, g TEXT) PARTITION BY LIST (g)")
+        writer.execute("CREATE TABLE cp_a PARTITION OF cp FOR VALUES IN ('a')")
+        writer.execute("CREATE TABLE ci (uid INTEGER)")
+        writer.execute("CREATE TABLE ci_child () INHERITS (ci)")
+    assert catalog("m") is not None
+    assert catalog("cv") is None and catalog("cp") is None and catalog("ci") is None
+    assert catalog("no_such_table") is None
 
 
 def test_postgres_younger_rows_include_those_running_at_the_snapshot(

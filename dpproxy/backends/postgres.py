@@ -80,12 +80,46 @@ RECHECK_S = 60.0
 # before, never wrongly carried), and xids 0–2 (frozen, bootstrap) have age INT_MAX: old.
 _YOUNGER_ROWS_SQL = ("SELECT EXISTS (SELECT 1 FROM {table} "
                      "WHERE age(xmin) <= (SELECT age(CAST($1 AS xid))))")
+# What, besides its rows' versions, decides what a table's rows read as, and changes with
+# no new row version: which relation the name resolves to, its kind (a view, a foreign or
+# partitioned table, inheritance children: never carried), its file, its own catalog row
+# and its columns' (ALTER TABLE: a type, a collation, a dropped column re-added with a
+# default), its row security policies, and the labels of enum columns. Catalog rows
+# updated in place (VACUUM's and ANALYZE's statistics) keep their xmin.
+_CATALOG_SQL = """
+SELECT c.relkind = 'r' AND NOT c.relhassubclass,
+       concat_ws('/', c.oid, c.xmin, pg_relation_filenode(c.oid), c.relrowsecurity,
+                 c.relforcerowsecurity,
+                 (SELECT string_agg(concat_ws(':', a.attnum, a.xmin, a.atttypid,
+                                              a.attcollation), ',' ORDER BY a.attnum)
+                    FROM pg_attribute a WHERE a.attrelid = c.oid),
+                 (SELECT string_agg(concat_ws(':', p.oid, p.xmin), ',' ORDER BY p.oid)
+                    FROM pg_policy p WHERE p.polrelid = c.oid),
+                 (SELECT string_agg(concat_ws(':', e.oid, e.xmin), ',' ORDER BY e.oid)
+                    FROM pg_enum e WHERE e.enumtypid IN (
+                        SELECT a.atttypid FROM pg_attribute a WHERE a.attrelid = c.oid)))
+  FROM pg_class c WHERE c.oid = to_regclass(quote_ident($1))
+"""
 # Whether a check that held is carried to later snapshots (`_unchanged_since`); off, it is
 # reused only for an equal snapshot (benchmarks/busy_server.py compares the two)
 CARRY_CHECKS = True
 # A check is carried only across fewer xids than this (64-bit, from the snapshots' text),
 # far inside the 2^31 that 32-bit xid arithmetic compares correctly
 _XID_SPAN = 1 << 30
+
+
+def _catalog(conn: psycopg.Connection[Any], cursor: psycopg.Cursor[Any], check: BoundCheck
+             ) -> str | None:
+    """The check's table's `_CATALOG_SQL` text in this transaction; None where a check on
+    it is never carried (not a plain table without children) or it cannot be read."""
+    if not check.table:
+        return None
+    try:
+        with conn.transaction():
+            found = cursor.execute(_CATALOG_SQL, [check.table]).fetchone()
+    except psycopg.Error:
+        return None
+    return str(found[1]) if found and found[0] is True else None
 
 
 @dataclass(frozen=True)
@@ -214,9 +248,10 @@ class PostgresBackend:
                 from None
         self._server = describe_server(dsn)
         self._tables = list(tables)
-        # check SQL → (snapshot it holds for, observed maxima, monotonic time read, whether
-        # it may be carried to a later snapshot)
-        self._checks: dict[str, tuple[str, tuple[object, ...] | None, float, bool]] = {}
+        # check SQL → (snapshot it holds for, observed maxima, monotonic time read, and
+        # where it held, its table's `_CATALOG_SQL` text: it may be carried to a later
+        # snapshot where that is the same)
+        self._checks: dict[str, tuple[str, tuple[object, ...] | None, float, str | None]] = {}
         self._checks_lock = threading.Lock()
         self.bounding = BoundingCounts()
         self.recheck_s = RECHECK_S
@@ -320,13 +355,13 @@ class PostgresBackend:
             known = self._checks.get(check.sql)
         if known is not None and known[0] == snapshot:
             return known[1]
-        if known is not None and known[3] and CARRY_CHECKS:
-            carried = self._unchanged_since(conn, cursor, check, known[0], snapshot)
+        if known is not None and known[3] is not None and CARRY_CHECKS:
+            carried = self._unchanged_since(conn, cursor, check, known[0], snapshot, known[3])
             with self._checks_lock:
                 # either way a later snapshot starts from here: carried to this one, or
                 # not carried again until it is read anew
-                self._checks[check.sql] = (snapshot, known[1], known[2], True) if carried \
-                    else (known[0], known[1], known[2], False)
+                self._checks[check.sql] = (snapshot, *known[1:]) if carried \
+                    else (*known[:3], None)
                 self.bounding.carried += carried
             if carried:
                 return known[1]
@@ -339,14 +374,15 @@ class PostgresBackend:
             observed = tuple(found) if found else None
         except psycopg.Error:  # e.g. too slow to verify within the timeout
             observed = None  # not verified: bound as always
+        catalog = _catalog(conn, cursor, check) if check.holds(observed) else None
         with self._checks_lock:
-            self._checks[check.sql] = (snapshot, observed, now, check.holds(observed))
+            self._checks[check.sql] = (snapshot, observed, now, catalog)
             self.bounding.checks += 1
         return observed
 
     @staticmethod
     def _unchanged_since(conn: psycopg.Connection[Any], cursor: psycopg.Cursor[Any],
-                         check: BoundCheck, before: str, snapshot: str) -> bool:
+                         check: BoundCheck, before: str, snapshot: str, catalog: str) -> bool:
         """Whether every row version of the check's table that this transaction's
         `snapshot` sees was seen by the earlier snapshot `before` too. Where this snapshot
         `follows` `before`, that holds when no version's inserting transaction (xmin) is as
@@ -354,10 +390,12 @@ class PostgresBackend:
         transaction that had ended when `before` was taken, and committed (it is seen
         now), so `before` saw it; and not deleted there, since every deletion `before`
         saw, this snapshot sees too. Inserts and updates make younger versions; deletions
-        only remove rows. False where that cannot be read: a snapshot that does not follow,
-        a failed statement."""
+        only remove rows. What the rows read as must not have changed either: the table's
+        `catalog` text (`_CATALOG_SQL`) is the one read with the check. False where that
+        cannot be read: a snapshot that does not follow, a failed statement."""
         old, new = _Snapshot.read(before), _Snapshot.read(snapshot)
-        if old is None or new is None or not new.follows(old) or not check.table:
+        if old is None or new is None or not new.follows(old) \
+                or _catalog(conn, cursor, check) != catalog:
             return False
         table = exp.to_identifier(check.table, quoted=True).sql(dialect="postgres")
         try:

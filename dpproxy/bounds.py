@@ -23,9 +23,9 @@ the very data it was read from:
   the new snapshot sees whose inserting transaction ended before the old snapshot's xmin
   was seen by the old one, so the rows now are a subset of the rows checked, and no unit
   has more rows, or more groups, in a subset (`PostgresBackend` has the details). What
-  the rows read as must be unchanged too (ALTER TABLE, a rename, a row security policy:
-  changes that make no row version), so the table's catalog rows are compared as well,
-  and only plain tables without children are carried. Only a check that held is
+  the rows read as must be unchanged too (ALTER TABLE, a rename, an enum label: changes
+  that make no row version), so the table's catalog rows are compared as well, and only
+  plain tables without children or row security are carried. Only a check that held is
   carried: a count's excess rows would change with a deletion.
 
 A statement grouping by public keys filters its rows by the public lists before it

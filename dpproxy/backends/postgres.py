@@ -82,22 +82,19 @@ _YOUNGER_ROWS_SQL = ("SELECT EXISTS (SELECT 1 FROM {table} "
                      "WHERE age(xmin) <= (SELECT age(CAST($1 AS xid))))")
 # What, besides its rows' versions, decides what a table's rows read as, and changes with
 # no new row version: which relation the name resolves to, its kind (a view, a foreign or
-# partitioned table, inheritance children: never carried), its file, its own catalog row
-# and its columns' (ALTER TABLE: a type, a collation, a dropped column re-added with a
-# default), its row security policies, and the labels of enum columns. Catalog rows
-# updated in place (VACUUM's and ANALYZE's statistics) keep their xmin.
+# partitioned table, inheritance children, row security whose policies may depend on the
+# role: never carried), its file, its own catalog row and its columns' (ALTER TABLE: a
+# type, a collation, a dropped column added back with a default), and enum labels (all
+# of the database's, so that a domain over an enum is covered too). Catalog rows updated
+# in place (VACUUM's and ANALYZE's statistics) keep their xmin.
 _CATALOG_SQL = """
-SELECT c.relkind = 'r' AND NOT c.relhassubclass,
-       concat_ws('/', c.oid, c.xmin, pg_relation_filenode(c.oid), c.relrowsecurity,
-                 c.relforcerowsecurity,
+SELECT c.relkind = 'r' AND NOT c.relhassubclass AND NOT c.relrowsecurity,
+       concat_ws('/', c.oid, c.xmin, pg_relation_filenode(c.oid),
                  (SELECT string_agg(concat_ws(':', a.attnum, a.xmin, a.atttypid,
                                               a.attcollation), ',' ORDER BY a.attnum)
                     FROM pg_attribute a WHERE a.attrelid = c.oid),
-                 (SELECT string_agg(concat_ws(':', p.oid, p.xmin), ',' ORDER BY p.oid)
-                    FROM pg_policy p WHERE p.polrelid = c.oid),
                  (SELECT string_agg(concat_ws(':', e.oid, e.xmin), ',' ORDER BY e.oid)
-                    FROM pg_enum e WHERE e.enumtypid IN (
-                        SELECT a.atttypid FROM pg_attribute a WHERE a.attrelid = c.oid)))
+                    FROM pg_enum e))
   FROM pg_class c WHERE c.oid = to_regclass(quote_ident($1))
 """
 # Whether a check that held is carried to later snapshots (`_unchanged_since`); off, it is

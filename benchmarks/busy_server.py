@@ -43,11 +43,15 @@ from dpproxy.backends import postgres as pg_backend  # noqa: E402
 from dpproxy.session import Engine  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from overhead import OCCUPATIONS, add_out_argument, publish  # noqa: E402
+from overhead import (  # noqa: E402
+    OCCUPATIONS,
+    add_out_argument,
+    drop_pg_schema,
+    occupation_case,
+    publish,
+)
 
 SCHEMA = "busy_bench"
-# Adult (UCI) occupation frequencies, in OCCUPATIONS' order
-WEIGHTS = [3770, 4066, 1370, 4140, 3295, 3650, 4099, 1597, 994, 2002, 928, 649, 9, 149]
 QUERIES = [
     ("(a) COUNT(*)", "SELECT COUNT(*) FROM t", "SELECT COUNT(*) FROM t"),
     ("(b) occupation, COUNT, AVG(income)",
@@ -62,10 +66,6 @@ def build(dsn: str, rows: int) -> str:
     """Table t (~rows rows, people of 1–5 rows) and an unrelated table `elsewhere` in schema
     busy_bench; the DSN that reads them."""
     people = max(1, rows // 3)
-    cases, acc = [], 0
-    for name, weight in zip(OCCUPATIONS, WEIGHTS, strict=True):
-        acc += weight
-        cases.append(f"WHEN r < {acc / sum(WEIGHTS)} THEN '{name}'")
     with psycopg.connect(dsn, autocommit=True) as con:
         con.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
         con.execute(f"CREATE SCHEMA {SCHEMA}")
@@ -77,7 +77,7 @@ def build(dsn: str, rows: int) -> str:
               FROM generate_series(1, {people}) AS p""")
         con.execute(f"""
             CREATE TABLE {SCHEMA}.t AS
-            SELECT uid, age, CASE {' '.join(cases)} ELSE NULL END AS occupation,
+            SELECT uid, age, {occupation_case()} AS occupation,
                    CAST(round(CAST(random() * 100000 AS NUMERIC), 2) AS DOUBLE PRECISION)
                        AS income,
                    CAST(1 + floor(random() * 99) AS INTEGER) AS hours_per_week
@@ -220,8 +220,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             queries = measure(dsn, args.repeat, Path(tmp))
     finally:
-        with psycopg.connect(args.pg_dsn, autocommit=True) as con:
-            con.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+        drop_pg_schema(args.pg_dsn, SCHEMA)
     results = {"server": str(server).split()[0], "rows": args.pg_rows,
                "repeat": args.repeat, "python": platform.python_version(),
                "queries": queries}

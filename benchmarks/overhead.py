@@ -51,6 +51,21 @@ OCCUPATIONS = ["Adm-clerical", "Exec-managerial", "Handlers-cleaners", "Prof-spe
                "Machine-op-inspct", "Tech-support", "Protective-serv", "Armed-Forces",
                "Priv-house-serv"]
 
+# Adult (UCI) occupation frequencies, in OCCUPATIONS' order
+OCCUPATION_WEIGHTS = [3770, 4066, 1370, 4140, 3295, 3650, 4099, 1597, 994, 2002, 928, 649, 9,
+                      149]
+
+
+def occupation_case(uniform: str = "r") -> str:
+    """A CASE giving an occupation at its Adult frequency from `uniform`, uniform on
+    [0, 1) (NULL in the rare case the sum of the fractions rounds below it)."""
+    cases, acc = [], 0
+    for name, weight in zip(OCCUPATIONS, OCCUPATION_WEIGHTS, strict=True):
+        acc += weight
+        cases.append(f"WHEN {uniform} < {acc / sum(OCCUPATION_WEIGHTS)} THEN '{name}'")
+    return f"CASE {' '.join(cases)} ELSE NULL END"
+
+
 # (name, DP query, the exact query it estimates)
 QUERIES = [
     ("count", "SELECT COUNT(*) FROM t", "SELECT COUNT(*) FROM t"),
@@ -97,19 +112,13 @@ def build_table(path: Path, rows: int) -> None:
     units = max(1, int(rows * 0.3))
     con = duckdb.connect(str(path))
     con.execute("SELECT setseed(0.42)")
-    weights = [3770, 4066, 1370, 4140, 3295, 3650, 4099, 1597, 994, 2002, 928, 649, 9, 149]
-    cases = []
-    total, acc = sum(weights), 0
-    for name, w in zip(OCCUPATIONS, weights, strict=True):
-        acc += w
-        cases.append(f"WHEN r < {acc / total} THEN '{name}'")
     con.execute(f"""
         CREATE TABLE t AS
         SELECT CAST(floor(random() * {units}) AS INTEGER) AS uid,
                CAST(17 + floor(random() * 74) AS INTEGER) AS age,
                CAST(1 + floor(random() * 99) AS INTEGER) AS hours,
                round(random() * 100000, 2) AS income,
-               CASE {' '.join(cases)} ELSE NULL END AS occupation
+               {occupation_case()} AS occupation
         FROM (SELECT random() AS r FROM range({rows}))
     """)
     con.close()
@@ -121,12 +130,6 @@ PG_SCHEMA = "dpproxy_bench"
 def build_pg_table(dsn: str, rows: int) -> str:
     """Build the table in schema dpproxy_bench of dsn's database; the DSN that reads it."""
     units = max(1, int(rows * 0.3))
-    weights = [3770, 4066, 1370, 4140, 3295, 3650, 4099, 1597, 994, 2002, 928, 649, 9, 149]
-    cases = []
-    total, acc = sum(weights), 0
-    for name, w in zip(OCCUPATIONS, weights, strict=True):
-        acc += w
-        cases.append(f"WHEN r < {acc / total} THEN '{name}'")
     with psycopg.connect(dsn, autocommit=True) as con:
         con.execute(f"DROP SCHEMA IF EXISTS {PG_SCHEMA} CASCADE")
         con.execute(f"CREATE SCHEMA {PG_SCHEMA}")
@@ -138,16 +141,16 @@ def build_pg_table(dsn: str, rows: int) -> str:
                    CAST(1 + floor(random() * 99) AS INTEGER) AS hours,
                    CAST(round(CAST(random() * 100000 AS NUMERIC), 2) AS DOUBLE PRECISION)
                        AS income,
-                   CASE {' '.join(cases)} ELSE NULL END AS occupation
+                   {occupation_case()} AS occupation
             FROM (SELECT random() AS r FROM generate_series(1, {rows})) s
         """)
         con.execute(f"ANALYZE {PG_SCHEMA}.t")
     return psycopg.conninfo.make_conninfo(dsn, options=f"-csearch_path={PG_SCHEMA}")
 
 
-def drop_pg_schema(dsn: str) -> None:
+def drop_pg_schema(dsn: str, schema: str = PG_SCHEMA) -> None:
     with psycopg.connect(dsn, autocommit=True) as con:
-        con.execute(f"DROP SCHEMA IF EXISTS {PG_SCHEMA} CASCADE")
+        con.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
 def median_ms(fn: Callable[[], object], repeat: int) -> float:

@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.overhead import (  # noqa: E402
+    OCCUPATION_WEIGHTS,
     OCCUPATIONS,
     build_table,
     proxy_pipeline,
@@ -70,8 +71,6 @@ WORKER = ROOT / "benchmarks" / "peers_smartnoise.py"
 SMARTNOISE = "smartnoise-sql==1.0.10"
 SCHEMA = "peers_bench"
 EPSILON, DELTA, MAX_ROWS = 1.0, 1e-6, 5
-# Adult (UCI) occupation frequencies, in OCCUPATIONS' order
-WEIGHTS = [3770, 4066, 1370, 4140, 3295, 3650, 4099, 1597, 994, 2002, 928, 649, 9, 149]
 CITIES = 3000
 
 
@@ -118,7 +117,7 @@ def make_data(rows: int, seed: int = 0) -> dict[str, dict[str, np.ndarray]]:
 
     uid = people(3, 1, 5)
     n_people = int(uid[-1]) + 1
-    weights = np.array(WEIGHTS, dtype=float) / sum(WEIGHTS)
+    weights = np.array(OCCUPATION_WEIGHTS, dtype=float) / sum(OCCUPATION_WEIGHTS)
     ranks = np.arange(1, CITIES + 1, dtype=float)
     city_p = ranks ** -1.2 / np.sum(ranks ** -1.2)  # a few big cities, a long tail
     per_person = {
@@ -430,7 +429,7 @@ def build_within_table(path: Path, rows: int) -> None:
     1–5 rows each, age and occupation per person, hours and income per row. No person
     exceeds the bounds (5 rows, 1 group per key of a person), as a check can prove."""
     people = max(1, rows // 3)
-    weights = np.array(WEIGHTS, dtype=float) / sum(WEIGHTS)
+    weights = np.array(OCCUPATION_WEIGHTS, dtype=float) / sum(OCCUPATION_WEIGHTS)
     cases = " ".join(f"WHEN r < {edge} THEN '{name}'" for name, edge in
                      zip(OCCUPATIONS, np.cumsum(weights), strict=True))
     con = duckdb.connect(str(path))

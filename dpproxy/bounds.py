@@ -19,14 +19,16 @@ the very data it was read from:
   reused by a transaction whose snapshot (xmin, xmax, in-progress transactions, and
   the server's start time) equals the one it was read in: equal snapshots see the same
   committed rows. Any commit on the server moves the snapshot, so a check that held is
-  also carried to a new snapshot where the table gained no row version since: every row
-  the new snapshot sees whose inserting transaction ended before the old snapshot's xmin
-  was seen by the old one, so the rows now are a subset of the rows checked, and no unit
-  has more rows, or more groups, in a subset (`PostgresBackend` has the details). What
-  the rows read as must be unchanged too (ALTER TABLE, a rename, an enum label: changes
-  that make no row version), so the table's catalog rows are compared as well, and only
-  plain tables without children or row security are carried. Only a check that held is
-  carried: a count's excess rows would change with a deletion.
+  also carried to a later snapshot: every row the new snapshot sees whose inserting
+  transaction ended before the old snapshot's xmin was seen by the old one, so a unit
+  with no younger row version has some of the rows checked, and no more rows or groups;
+  the units with a younger version (inserts, updates) are checked again
+  (`BoundCheck.young_sql`), and the maxima are the larger of theirs and the old ones
+  (`PostgresBackend._carried` has the details). What the rows read as must be
+  unchanged too (ALTER TABLE, a rename, an enum label: changes that make no row
+  version), so the table's catalog rows are compared as well, and only plain tables
+  without children or row security are carried. Only a check that held is carried: a
+  count's excess rows would change with a deletion.
 
 A statement grouping by public keys filters its rows by the public lists before it
 aggregates. Where the bounds hold and the check also saw few distinct groups in the whole
@@ -65,6 +67,7 @@ in the policy turns the shortcut off.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -99,6 +102,9 @@ class BoundCheck:
     rows_sql: str = ""
     counts_excess: bool = False
     table: str = ""  # the table read, as the policy names it
+    # PostgreSQL: the check over only the units with a row version as young as the xmin of
+    # an earlier snapshot, bound as $1 (see PostgresBackend._carried)
+    young_sql: str = ""
 
     @cached_property
     def heavy_table(self) -> str:
@@ -216,18 +222,34 @@ def bound_check(table: str, unit: exp.Expression, keys: Sequence[exp.Expression]
     FROM "t") AS rows GROUP BY __unit) AS pairs GROUP BY __unit) AS units
     """
     key_names = [f"k{i}" for i in range(len(keys))]
-    items = [exp.alias_(unit.copy(), UNIT),
-             *(exp.alias_(k.copy(), n) for k, n in zip(keys, key_names, strict=True))]
-    rows = exp.select(*items, copy=False).from_(
-        exp.Table(this=exp.to_identifier(table, quoted=True)), copy=False).subquery(
-        "rows", copy=False)
-    pairs = exp.select(exp.column(UNIT), exp.alias_(exp.Count(this=exp.Star()), PAIR_ROWS),
-                       copy=False).from_(rows, copy=False).group_by(
-        exp.column(UNIT), *(exp.column(n) for n in key_names), copy=False)
-    units = exp.select(
-        exp.column(UNIT), exp.alias_(exp.Count(this=exp.Star()), UNIT_GROUPS),
-        exp.alias_(exp.Max(this=exp.column(PAIR_ROWS)), PAIR_ROWS), copy=False).from_(
-        pairs.subquery("pairs", copy=False), copy=False).group_by(exp.column(UNIT), copy=False)
+
+    def units_of(*wheres: exp.Expression) -> exp.Select:
+        """Per unit (of the rows each of `wheres` keeps, all of them together; without any,
+        every row): its groups and its most rows in one."""
+        items = [exp.alias_(unit.copy(), UNIT),
+                 *(exp.alias_(k.copy(), n) for k, n in zip(keys, key_names, strict=True))]
+        rows: exp.Query = exp.select(*items, copy=False).from_(
+            exp.Table(this=exp.to_identifier(table, quoted=True)), copy=False)
+        if wheres:
+            rows = functools.reduce(
+                lambda a, b: exp.union(a, b, distinct=False, copy=False),
+                [rows.copy().where(w, copy=False) for w in wheres])  # type: ignore[attr-defined]
+        pairs = exp.select(exp.column(UNIT), exp.alias_(exp.Count(this=exp.Star()), PAIR_ROWS),
+                           copy=False).from_(rows.subquery("rows", copy=False),
+                                             copy=False).group_by(
+            exp.column(UNIT), *(exp.column(n) for n in key_names), copy=False)
+        return exp.select(
+            exp.column(UNIT), exp.alias_(exp.Count(this=exp.Star()), UNIT_GROUPS),
+            exp.alias_(exp.Max(this=exp.column(PAIR_ROWS)), PAIR_ROWS), copy=False).from_(
+            pairs.subquery("pairs", copy=False), copy=False).group_by(exp.column(UNIT),
+                                                                      copy=False)
+
+    def maxima(units: exp.Select) -> exp.Select:
+        return exp.select(exp.Max(this=exp.column(PAIR_ROWS)),
+                          exp.Max(this=exp.column(UNIT_GROUPS)), copy=False).from_(
+            units.subquery("units", copy=False), copy=False)
+
+    units = units_of()
     # the units over either bound, each with its rows
     heavy = exp.select(exp.column(UNIT), exp.column(UNIT_ROWS), copy=False).from_(
         units.copy().select(exp.alias_(exp.Sum(this=exp.column(PAIR_ROWS)), UNIT_ROWS),
@@ -237,9 +259,7 @@ def bound_check(table: str, unit: exp.Expression, keys: Sequence[exp.Expression]
                        expression=exp.Literal.number(max_groups))), copy=False)
     table_rows = exp.select(exp.Count(this=exp.Star()), copy=False).from_(
         exp.Table(this=exp.to_identifier(table, quoted=True)), copy=False)
-    check = exp.select(exp.Max(this=exp.column(PAIR_ROWS)),
-                       exp.Max(this=exp.column(UNIT_GROUPS)), copy=False).from_(
-        units.subquery("units", copy=False), copy=False)
+    check = maxima(units.copy())
     if not keys:  # one group per unit: its most rows in a group are its rows
         over = exp.func("GREATEST", exp.Sub(this=exp.column(PAIR_ROWS),
                                             expression=exp.Literal.number(max_rows)),
@@ -259,7 +279,43 @@ def bound_check(table: str, unit: exp.Expression, keys: Sequence[exp.Expression]
         check.select(exp.Subquery(this=exp.select(exp.Count(this=exp.Star()), copy=False)
                                   .from_(groups.subquery("groups", copy=False), copy=False)),
                      copy=False)
+    young = ""
+    if dialect == "postgres":
+        young = _young_units_check(table, unit, units_of, maxima)
     return BoundCheck(check.sql(dialect=dialect, copy=False), max_rows, max_groups,
                       counts_groups, heavy.sql(dialect=dialect, copy=False),
                       table_rows.sql(dialect=dialect, copy=False), counts_excess=not keys,
-                      table=table)
+                      table=table, young_sql=young)
+
+
+def _young_units_check(table: str, unit: exp.Expression,
+                       units_of: Callable[..., exp.Select],
+                       maxima: Callable[[exp.Select], exp.Select]) -> str:
+    """The check over only the units with a young row version (`_YOUNG`), NULL as one unit.
+    Their list is read once (a materialized CTE, one scan of the table); where it is
+    empty, the tests on it stop PostgreSQL before it reads the table again, and the
+    listed units' rows are found by a semi-join, not a test per row."""
+    listed = exp.select(exp.column(UNIT), copy=False).from_(YOUNG_UNITS, copy=False)
+    rows_of_listed = exp.and_(exp.Exists(this=listed.copy()),
+                              exp.In(this=unit.copy(), query=exp.Subquery(this=listed.copy())),
+                              copy=False)
+    is_null = exp.Is(this=unit.copy(), expression=exp.Null())
+    rows_of_null = exp.and_(exp.Exists(this=listed.where(
+        exp.Is(this=exp.column(UNIT), expression=exp.Null()), copy=False)), is_null,
+        copy=False)
+    check = maxima(units_of(rows_of_listed, rows_of_null))
+    young_rows = exp.select(exp.alias_(unit.copy(), UNIT), copy=False).from_(
+        exp.Table(this=exp.to_identifier(table, quoted=True)), copy=False).where(
+        exp.condition(_YOUNG, dialect="postgres"), copy=False)
+    return check.with_(YOUNG_UNITS, as_=young_rows, materialized=True,
+                       copy=False).sql(dialect="postgres")
+
+
+YOUNG_UNITS = "__young_units"
+# A row version whose inserting transaction (xmin) is as young as a snapshot's xmin, given
+# as $1 (an xid: its 32 low bits). age(x) is (int32)(N − x) for one N per transaction, the
+# next xid read at its first call (after the snapshot: N exceeds every xid it sees), so
+# this is xmin >= $1 for every version within 2^31 xids of N (the caller keeps $1 so; an
+# older raw xmin, frozen long ago, wraps and counts as young: checked again, never missed),
+# and xids 0–2 (frozen, bootstrap) have age INT_MAX: old.
+_YOUNG = "age(xmin) <= (SELECT age(CAST($1 AS xid)))"

@@ -543,9 +543,9 @@ def test_postgres_check_carried_to_snapshots_without_new_rows(postgres_dsn: str,
                                                               tmp_path: Path) -> None:
     """A check that held is carried to a later snapshot, without reading it again, past a
     commit to another table and past a deletion from its own (fewer rows: the answer is
-    that of the rows left); a row version committed to its table since (here an UPDATE
-    that changes no value) stops that, and the query is bounded until the check is read
-    anew."""
+    that of the rows left); past an update and an insert, by checking again only the
+    units with new row versions. A new unit over the bounds stops that: the query is
+    bounded (the unit adds max_rows to its group) until the check is read anew."""
     policy = load_policy(write_policy(tmp_path, f'kind = "postgres"\ndsn = "{postgres_dsn}"'))
     plan = plan_for(policy, "SELECT g, COUNT(*), SUM(v) FROM cw GROUP BY g", analyst=ANALYST)
     backend = open_backend(policy)
@@ -563,12 +563,26 @@ def test_postgres_check_carried_to_snapshots_without_new_rows(postgres_dsn: str,
             assert (counts(backend), carried(backend)) == ((1, 3, 0), 2)
             assert got == exact_rows(backend, plan) != first  # the bounded statement's
             assert got[("b",)] == (first[("b",)][0] - 2, first[("b",)][1] - 2)
+            # unit 2's rows are new versions: it is checked again, and within the bounds
             writer.execute("UPDATE cw SET v = v WHERE uid = 2")
             assert exact_rows(backend, plan, verify_bounds=True) == got
-            assert (counts(backend), carried(backend)) == ((1, 3, 1), 2)  # bounded
+            assert (counts(backend), carried(backend)) == ((1, 4, 0), 3)
+            # a new unit within the bounds, then one over them
+            writer.execute("INSERT INTO cw VALUES (900, 'a', 'x', 7, 1.0), "
+                           "(900, 'a', 'x', 7, 1.0)")
+            got = exact_rows(backend, plan, verify_bounds=True)
+            assert (counts(backend), carried(backend)) == ((1, 5, 0), 4)
+            assert got == exact_rows(backend, plan)
+            writer.execute("INSERT INTO cw SELECT 999, 'a', 'x', 1, 1.0 "
+                           "FROM generate_series(1, 50)")
+            bounded = exact_rows(backend, plan, verify_bounds=True)
+            assert (counts(backend), carried(backend)) == ((1, 5, 1), 4)  # bounded
+            # the unit adds max_rows rows' worth to its group, not its 50 rows
+            assert bounded[("a",)][0] == got[("a",)][0] + MAX_ROWS
+            assert 0 <= bounded[("a",)][1] - got[("a",)][1] <= MAX_ROWS * 100
             backend.recheck_s = 0.0  # type: ignore[attr-defined]
-            assert exact_rows(backend, plan, verify_bounds=True) == got
-            assert (counts(backend), carried(backend)) == ((2, 4, 1), 2)  # read anew
+            assert exact_rows(backend, plan, verify_bounds=True) == bounded
+            assert (counts(backend), carried(backend)) == ((2, 5, 2), 4)  # read anew
     finally:
         backend.close()
 
@@ -650,21 +664,23 @@ def test_postgres_checks_on_views_and_partitioned_tables_are_not_carried(
     assert catalog("no_such_table") is None
 
 
-def test_postgres_younger_rows_include_those_running_at_the_snapshot(
+def test_postgres_young_units_include_those_running_at_the_snapshot(
         postgres_dsn: str) -> None:
-    """The carry's statement counts a row version young when its inserting transaction is
-    as young as the earlier snapshot's xmin: one committed after the snapshot was taken,
-    and one that was running while it was (in its xip), committed later; rows committed
-    before it are old. This is the case a test of "committed after" alone would miss."""
-    from dpproxy.backends.postgres import _YOUNGER_ROWS_SQL, _Snapshot
+    """The carry's check reads the units with a row version as young as an earlier
+    snapshot's xmin: one committed after the snapshot was taken, and one that was running
+    while it was (at or past its xmax, or in its xip) and committed later; units whose
+    rows were all committed before it are not read (NULL maxima), and a NULL unit is one.
+    The running case is the one a test of "committed after" alone would miss."""
+    from dpproxy.backends.postgres import _Snapshot
 
-    def young(xmin: int) -> bool:
+    check = bound_check("young", exp.column("uid", quoted=True), [], "postgres", 2, 1)
+
+    def young(xmin: int) -> tuple[object, ...]:
         with psycopg.connect(postgres_dsn, autocommit=True) as reader, \
                 psycopg.RawCursor(reader) as cursor:  # $1, as the backend's cursors
-            row = cursor.execute(_YOUNGER_ROWS_SQL.format(table='"young"'),
-                                 [str(xmin % (1 << 32))]).fetchone()
+            row = cursor.execute(check.young_sql, [str(xmin % (1 << 32))]).fetchone()
         assert row is not None
-        return bool(row[0])
+        return tuple(row)
 
     def snapshot() -> _Snapshot:
         with psycopg.connect(postgres_dsn, autocommit=True) as reader:
@@ -676,9 +692,9 @@ def test_postgres_younger_rows_include_those_running_at_the_snapshot(
 
     with psycopg.connect(postgres_dsn, autocommit=True) as writer, \
             psycopg.connect(postgres_dsn) as running:
-        writer.execute("CREATE TABLE young (x INTEGER)")
-        writer.execute("INSERT INTO young VALUES (1)")
-        assert not young(snapshot().xmin)
+        writer.execute("CREATE TABLE young (uid INTEGER)")
+        writer.execute("INSERT INTO young VALUES (1), (1), (1), (2)")
+        assert young(snapshot().xmin) == (None, None)
         running.execute("INSERT INTO young VALUES (2)")  # its transaction stays open
         row = running.execute("SELECT pg_current_xact_id()::text").fetchone()
         assert row is not None
@@ -686,15 +702,20 @@ def test_postgres_younger_rows_include_those_running_at_the_snapshot(
         during = snapshot()
         # running while the snapshot was taken: listed (xip), or at or past its xmax
         assert during.xmin <= xid and (xid in during.running or xid >= during.xmax)
-        assert not young(during.xmin)  # its row is not seen yet
+        assert young(during.xmin) == (None, None)  # its row is not seen yet
         running.commit()
-        assert young(during.xmin)
-        assert not young(snapshot().xmin)
+        assert young(during.xmin) == (2, 1)  # unit 2, both its rows, not unit 1's 3
+        assert young(snapshot().xmin) == (None, None)
         after = snapshot()
-        writer.execute("INSERT INTO young VALUES (3)")
-        assert young(after.xmin)
-        writer.execute("DELETE FROM young WHERE x = 3")
-        assert not young(after.xmin)  # a deleted version is not seen
+        writer.execute("INSERT INTO young VALUES (1)")
+        assert young(after.xmin) == (4, 1)  # unit 1 again: all its rows
+        after = snapshot()
+        writer.execute("INSERT INTO young VALUES (NULL), (NULL), (NULL)")
+        writer.execute("INSERT INTO young VALUES (NULL)")
+        assert young(after.xmin) == (4, 1)  # the NULL unit, one unit of 4 rows
+        after = snapshot()
+        writer.execute("DELETE FROM young WHERE uid IS NULL")
+        assert young(after.xmin) == (None, None)  # a deleted version is not seen
 
 
 # -- through the session ---------------------------------------------------------------------------

@@ -28,7 +28,6 @@ import psycopg
 from psycopg.adapt import Loader
 from psycopg.types.datetime import DateLoader, TimestampLoader, TimestamptzLoader
 from psycopg_pool import ConnectionPool, PoolTimeout
-from sqlglot import exp
 
 from ..bounds import BoundCheck, BoundingCounts, Unbounded
 from ..errors import BackendError, InvalidPolicy
@@ -72,14 +71,6 @@ _BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 # After the data changed, a bound check is read again at most this often (seconds): until
 # then queries are bounded as always, so a busy server does not pay a check per query.
 RECHECK_S = 60.0
-# Whether a table holds a row version younger than a snapshot's xmin, given as $1 (an xid,
-# its 32 low bits). age(x) is (int32)(N − x) for one N per transaction, the next xid read at
-# its first call (after the snapshot: N exceeds every xid it sees); age(xmin) <= age($1)
-# is then xmin >= $1 for every row version within 2^31 xids of N (the `_XID_SPAN` guard
-# keeps $1 so; an older raw xmin, frozen long ago, wraps and is counted young: bounded as
-# before, never wrongly carried), and xids 0–2 (frozen, bootstrap) have age INT_MAX: old.
-_YOUNGER_ROWS_SQL = ("SELECT EXISTS (SELECT 1 FROM {table} "
-                     "WHERE age(xmin) <= (SELECT age(CAST($1 AS xid))))")
 # What, besides its rows' versions, decides what a table's rows read as, and changes with
 # no new row version: which relation the name resolves to, its kind (a view, a foreign or
 # partitioned table, inheritance children, row security whose policies may depend on the
@@ -97,7 +88,7 @@ SELECT c.relkind = 'r' AND NOT c.relhassubclass AND NOT c.relrowsecurity,
                     FROM pg_enum e))
   FROM pg_class c WHERE c.oid = to_regclass(quote_ident($1))
 """
-# Whether a check that held is carried to later snapshots (`_unchanged_since`); off, it is
+# Whether a check that held is carried to later snapshots (`_carried`); off, it is
 # reused only for an equal snapshot (benchmarks/busy_server.py compares the two)
 CARRY_CHECKS = True
 # A check is carried only across fewer xids than this (64-bit, from the snapshots' text),
@@ -340,9 +331,9 @@ class PostgresBackend:
                   check: BoundCheck) -> tuple[object, ...] | None:
         """What `check` reads in this transaction's snapshot (None: not verified): known
         for an equal snapshot, or carried from an earlier one where the check held and the
-        table has no row version since (`_unchanged_since`), else read now (in a savepoint,
-        at most every `recheck_s` per check). Opens the transaction the caller's query runs
-        in."""
+        units with a row version since are within the bounds (`_carried`), else read now
+        (in a savepoint, at most every `recheck_s` per check). Opens the transaction the
+        caller's query runs in."""
         cursor.execute(f"{_BEGIN}; {_SNAPSHOT_SQL}")
         cursor.nextset()  # past BEGIN's result
         row = cursor.fetchone()
@@ -353,15 +344,16 @@ class PostgresBackend:
         if known is not None and known[0] == snapshot:
             return known[1]
         if known is not None and known[3] is not None and CARRY_CHECKS:
-            carried = self._unchanged_since(conn, cursor, check, known[0], snapshot, known[3])
+            carried = self._carried(conn, cursor, check, known[0], snapshot, known[1],
+                                    known[3])
             with self._checks_lock:
                 # either way a later snapshot starts from here: carried to this one, or
                 # not carried again until it is read anew
-                self._checks[check.sql] = (snapshot, *known[1:]) if carried \
-                    else (*known[:3], None)
-                self.bounding.carried += carried
-            if carried:
-                return known[1]
+                self._checks[check.sql] = (snapshot, carried, *known[2:]) \
+                    if carried is not None else (*known[:3], None)
+                self.bounding.carried += carried is not None
+            if carried is not None:
+                return carried
         if known is not None and now - known[2] < self.recheck_s:
             return None
         observed: tuple[object, ...] | None
@@ -378,30 +370,41 @@ class PostgresBackend:
         return observed
 
     @staticmethod
-    def _unchanged_since(conn: psycopg.Connection[Any], cursor: psycopg.Cursor[Any],
-                         check: BoundCheck, before: str, snapshot: str, catalog: str) -> bool:
-        """Whether every row version of the check's table that this transaction's
-        `snapshot` sees was seen by the earlier snapshot `before` too. Where this snapshot
-        `follows` `before`, that holds when no version's inserting transaction (xmin) is as
-        young as `before`'s xmin: a version with an older xmin was inserted by a
-        transaction that had ended when `before` was taken, and committed (it is seen
-        now), so `before` saw it; and not deleted there, since every deletion `before`
-        saw, this snapshot sees too. Inserts and updates make younger versions; deletions
-        only remove rows. What the rows read as must not have changed either: the table's
-        `catalog` text (`_CATALOG_SQL`) is the one read with the check. False where that
-        cannot be read: a snapshot that does not follow, a failed statement."""
+    def _carried(conn: psycopg.Connection[Any], cursor: psycopg.Cursor[Any],
+                 check: BoundCheck, before: str, snapshot: str,
+                 observed: tuple[object, ...] | None, catalog: str
+                 ) -> tuple[object, ...] | None:
+        """What `check` would read in this transaction's `snapshot`, from what it read in
+        the earlier snapshot `before` (`observed`, within the bounds), where this one
+        `follows` it: the units with a row version as young as `before`'s xmin are
+        checked again (`BoundCheck.young_sql`), and the maxima are the larger of theirs
+        and the earlier ones. A unit with no such version has only versions whose
+        inserting transaction had ended when `before` was taken and committed (they are
+        seen now), so `before` saw them; and not deleted there, since every deletion
+        `before` saw, this snapshot sees too: its rows now are some of those checked,
+        with no more rows or groups. Inserts and updates make young versions; deletions
+        only remove rows. What the rows read as must not have changed either: the
+        table's `catalog` text (`_CATALOG_SQL`) is the one read with the check. None
+        where the bounds no longer hold or this cannot be read (a snapshot that does not
+        follow, a failed statement): bound, and read the check anew."""
         old, new = _Snapshot.read(before), _Snapshot.read(snapshot)
-        if old is None or new is None or not new.follows(old) \
-                or _catalog(conn, cursor, check) != catalog:
-            return False
-        table = exp.to_identifier(check.table, quoted=True).sql(dialect="postgres")
+        if old is None or new is None or not new.follows(old) or not check.young_sql \
+                or observed is None or _catalog(conn, cursor, check) != catalog:
+            return None
         try:
             with conn.transaction():
-                found = cursor.execute(_YOUNGER_ROWS_SQL.format(table=table),
-                                       [str(old.xmin % (1 << 32))]).fetchone()
+                found = cursor.execute(check.young_sql, [str(old.xmin % (1 << 32))]).fetchone()
         except psycopg.Error:
-            return False
-        return found is not None and found[0] is False
+            return None
+        if not found:
+            return None
+        maxima = tuple(max(int(a or 0), int(b or 0))  # type: ignore[call-overload]
+                       for a, b in zip(observed[:2], found[:2], strict=True))
+        # the rest (a table's distinct groups: which statement runs, not what it answers)
+        # as read before; a count's excess rows are never read from a carried check,
+        # since it holds (`Unbounded.sql_for`)
+        carried = (*maxima, *observed[2:])
+        return carried if check.holds(carried) else None
 
     def column_types(self, tables: Sequence[str]) -> dict[tuple[str, str], str]:
         """The type of each column of these tables (as the data version finds them, on the

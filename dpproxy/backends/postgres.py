@@ -99,7 +99,8 @@ _XID_SPAN = 1 << 30
 def _catalog(conn: psycopg.Connection[Any], cursor: psycopg.Cursor[Any], check: BoundCheck
              ) -> str | None:
     """The check's table's `_CATALOG_SQL` text in this transaction; None where a check on
-    it is never carried (not a plain table without children) or it cannot be read."""
+    it is never carried (not a plain table without children or row security) or it cannot
+    be read."""
     if not check.table:
         return None
     try:

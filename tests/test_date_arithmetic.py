@@ -6,11 +6,16 @@ after its query was charged."""
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Iterator
 
 import pytest
+from sqlglot import exp
 
 from dpproxy import errors
+from dpproxy.analyze.expressions import date_bounds, make_resolver, type_row_expression
+from dpproxy.clock import day_number
+from dpproxy.parse import parse_statements
 from dpproxy.policy import ColumnPolicy, TablePolicy
 from dpproxy.session import Engine
 
@@ -132,3 +137,61 @@ def test_a_statement_the_backend_cannot_plan_is_refused_uncharged(
     alice.execute("SELECT COUNT(*) FROM adult WHERE age > 30")
     alice.execute("SELECT COUNT(*) FROM adult WHERE age > 31")  # its shape: planned already
     assert len(engine._planned) == planned + 1
+
+
+# -- bounds through date arithmetic ---------------------------------------------------------------
+
+BOUNDED = TablePolicy("dates", {
+    "d": ColumnPolicy("d", "date", float(day_number(dt.date(2024, 1, 1))),
+                      float(day_number(dt.date(2024, 12, 31)))),
+    "e": ColumnPolicy("e", "date", float(day_number(dt.date(2020, 1, 1))),
+                      float(day_number(dt.date(2020, 1, 31)))),
+    "u": ColumnPolicy("u", "date")})
+
+
+def _first_output(sql: str) -> exp.Expression:
+    ast = parse_statements(f"SELECT {sql} FROM dates")[0].ast
+    assert isinstance(ast, exp.Select)
+    return ast.expressions[0]
+
+
+@pytest.mark.parametrize(("sql", "first", "last"), [
+    ("d + 6", "2024-01-07", "2025-01-06"), ("6 + d", "2024-01-07", "2025-01-06"),
+    ("d - 6", "2023-12-26", "2024-12-25"), ("d + -1", "2023-12-31", "2024-12-30"),
+    ("d - -3", "2024-01-04", "2025-01-03"), ("d - INTERVAL '2 weeks'", "2023-12-18", "2024-12-17"),
+    ("INTERVAL '3 days' + (d + 1)", "2024-01-05", "2025-01-04"),
+    ("LEAST(u, DATE '2024-03-01') + 1", None, "2024-03-02"),
+    ("u + 1", None, None),
+])
+def test_a_shifted_date_keeps_its_bounds_shifted(sql: str, first: str | None,
+                                                  last: str | None) -> None:
+    """MIN, MAX and quantiles of date ± n days need no clamp where the date has bounds;
+    an unbounded end stays unbounded."""
+    lo, hi = date_bounds(_first_output(sql), make_resolver("dates", None, BOUNDED.columns))
+    assert lo == (day_number(dt.date.fromisoformat(first)) if first else -math.inf)
+    assert hi == (day_number(dt.date.fromisoformat(last)) if last else math.inf)
+
+
+@pytest.mark.parametrize(("sql", "lower", "upper"), [
+    ("d - DATE '2024-01-01'", 0, 365),  # 2024 is a leap year
+    ("DATE '2030-06-15' - d", 1992, 2357),
+    ("d - e", 1431, 1826),
+    ("(d + 7) - DATE '2024-01-01'", 7, 372),
+    ("d - u", -math.inf, math.inf),
+])
+def test_days_between_bounded_dates_are_bounded(sql: str, lower: float, upper: float) -> None:
+    typed = type_row_expression(_first_output(sql), BOUNDED.columns)
+    assert (typed.kind, typed.integer, typed.lower, typed.upper) == ("num", True, lower, upper)
+
+
+def test_sums_and_extremes_of_date_arithmetic_run_without_a_clamp(engine: Engine) -> None:
+    """The demo's visits.day lies in 2024: days since New Year average within 0–365, and
+    the first visit plus a day is a 2024 date after January 1st (both were refused for
+    want of a bound before)."""
+    alice = engine.session("alice", epsilon=1.0)
+    (avg, first), = alice.execute("SELECT AVG(day - DATE '2024-01-01'), MIN(day + 1) "
+                                  "FROM visits").rows
+    assert 0 <= avg <= 365
+    assert "2024-01-02" <= first <= "2025-01-01"
+    with pytest.raises(errors.PrivacyViolation, match="no bound"):
+        alice.execute("SELECT AVG(day - DATE_TRUNC('month', day)) FROM visits")

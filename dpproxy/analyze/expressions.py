@@ -305,7 +305,10 @@ class _RowTyper:
     def _Sub(self, node: exp.Sub) -> ExprType:
         a, b = self.visit(node.this), self.visit(node.expression)
         if a.kind == "date" and b.kind == "date":
-            return ExprType("num", integer=True, nullable=a.nullable or b.nullable)
+            # days between: bounded by the dates' bounds (a policy's, a constant, a clamp)
+            (a_lo, a_hi), (b_lo, b_hi) = (date_bounds(node.this, self.resolve),
+                                          date_bounds(node.expression, self.resolve))
+            return _num(a_lo - b_hi, a_hi - b_lo, True, a.nullable or b.nullable)
         if a.kind == "date":
             self._date_offset(node.expression)
             return ExprType("date", nullable=a.nullable or b.nullable)
@@ -676,11 +679,40 @@ def date_bounds(node: exp.Expression, resolve: Resolver) -> tuple[float, float]:
     constant = constant_date(node)
     if constant is not None:
         return float(day_number(constant)), float(day_number(constant))
+    shifted = _shifted_date(node)
+    if shifted is not None:  # date ± n days (NULL where it would leave the calendar)
+        lo, hi = date_bounds(shifted[0], resolve)
+        return lo + shifted[1], hi + shifted[1]
     if isinstance(node, exp.Least | exp.Greatest):
         parts = [date_bounds(a, resolve) for a in (node.this, *node.expressions)]
         pick = min if isinstance(node, exp.Least) else max
         return pick(lo for lo, _ in parts), pick(hi for _, hi in parts)
     return -INF, INF
+
+
+def _shifted_date(node: exp.Expression) -> tuple[exp.Expression, int] | None:
+    """(date, n) where the node is date + n, n + date or date − n for a constant whole
+    number of days n (an interval of days reads as one: `clock.DAYS`), as the typer
+    accepts date arithmetic; else None."""
+    def days(offset: exp.Expression) -> int | None:
+        sign = 1
+        while isinstance(offset, exp.Paren | exp.Neg):
+            sign = -sign if isinstance(offset, exp.Neg) else sign
+            offset = offset.this
+        if isinstance(offset, exp.Literal) and not offset.is_string and offset.this.isdigit():
+            return sign * int(offset.this)
+        return None
+
+    if isinstance(node, exp.Add):
+        for date, offset in ((node.this, node.expression), (node.expression, node.this)):
+            n = days(offset)
+            if n is not None:
+                return date, n
+    if isinstance(node, exp.Sub):
+        n = days(node.expression)
+        if n is not None:
+            return node.this, -n
+    return None
 
 
 # -- literal coercion ----------------------------------------------------------------------------

@@ -162,11 +162,18 @@ def _first_output(sql: str) -> exp.Expression:
     ("INTERVAL '3 days' + (d + 1)", "2024-01-05", "2025-01-04"),
     ("LEAST(u, DATE '2024-03-01') + 1", None, "2024-03-02"),
     ("u + 1", None, None),
+    ("DATE_TRUNC('month', d)", "2024-01-01", "2024-12-01"),
+    ("DATE_TRUNC('quarter', d + 100)", "2024-04-01", "2025-04-01"),  # to 2025-04-09
+    ("DATE_TRUNC('year', d - 1)", "2023-01-01", "2024-01-01"),
+    ("DATE_TRUNC('week', e)", "2019-12-30", "2020-01-27"),  # Mondays
+    ("DATE_TRUNC('day', d)", "2024-01-01", "2024-12-31"),
+    ("DATE_TRUNC('decade', d)", None, None),
 ])
 def test_a_shifted_date_keeps_its_bounds_shifted(sql: str, first: str | None,
                                                   last: str | None) -> None:
-    """MIN, MAX and quantiles of date ± n days need no clamp where the date has bounds;
-    an unbounded end stays unbounded."""
+    """MIN, MAX and quantiles of date ± n days and of DATE_TRUNC need no clamp where the
+    date has bounds; an unbounded end stays unbounded, and so do decades (PostgreSQL's
+    start in a year ending in 1)."""
     lo, hi = date_bounds(_first_output(sql), make_resolver("dates", None, BOUNDED.columns))
     assert lo == (day_number(dt.date.fromisoformat(first)) if first else -math.inf)
     assert hi == (day_number(dt.date.fromisoformat(last)) if last else math.inf)
@@ -193,5 +200,8 @@ def test_sums_and_extremes_of_date_arithmetic_run_without_a_clamp(engine: Engine
                                   "FROM visits").rows
     assert 0 <= avg <= 365
     assert "2024-01-02" <= first <= "2025-01-01"
+    (day_of_month,), = alice.execute(
+        "SELECT AVG(day - DATE_TRUNC('month', day)) FROM visits").rows
+    assert -335 <= day_of_month <= 365  # the differences of the bounds: both ends move
     with pytest.raises(errors.PrivacyViolation, match="no bound"):
-        alice.execute("SELECT AVG(day - DATE_TRUNC('month', day)) FROM visits")
+        alice.execute("SELECT AVG(day - DATE_TRUNC('decade', day)) FROM visits")

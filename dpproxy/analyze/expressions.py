@@ -683,11 +683,43 @@ def date_bounds(node: exp.Expression, resolve: Resolver) -> tuple[float, float]:
     if shifted is not None:  # date ± n days (NULL where it would leave the calendar)
         lo, hi = date_bounds(shifted[0], resolve)
         return lo + shifted[1], hi + shifted[1]
+    if isinstance(node, exp.DateTrunc | exp.TimestampTrunc):  # monotone: its ends truncated
+        unit = node.args.get("unit")
+        name = unit.name.lower() if unit is not None else "day"
+        lo, hi = date_bounds(node.this, resolve)
+        if name not in _TRUNCATED:
+            return -INF, INF
+        return _truncated(lo, name), _truncated(hi, name)
     if isinstance(node, exp.Least | exp.Greatest):
         parts = [date_bounds(a, resolve) for a in (node.this, *node.expressions)]
         pick = min if isinstance(node, exp.Least) else max
         return pick(lo for lo, _ in parts), pick(hi for _, hi in parts)
     return -INF, INF
+
+
+def _truncated(day: float, unit: str) -> float:
+    """DATE_TRUNC(unit, the date of day number `day`) as a day number, as both backends
+    truncate (weeks start on Monday); ±inf stays, and so does a day beyond Python's
+    dates (an open end there is no tighter)."""
+    if not math.isfinite(day):
+        return day
+    try:
+        date = EPOCH + dt.timedelta(days=day)
+    except OverflowError:
+        return -INF if day < 0 else INF
+    return float(day_number(_TRUNCATED[unit](date)))
+
+
+# Truncation of a date to each unit whose start both backends read alike (below a day:
+# the date itself); decades and longer are left unbounded
+_TRUNCATED: dict[str, Callable[[dt.date], dt.date]] = {
+    **dict.fromkeys(("microseconds", "milliseconds", "second", "minute", "hour", "day"),
+                    lambda d: d),
+    "week": lambda d: d - dt.timedelta(days=d.weekday()),
+    "month": lambda d: d.replace(day=1),
+    "quarter": lambda d: d.replace(month=(d.month - 1) // 3 * 3 + 1, day=1),
+    "year": lambda d: d.replace(month=1, day=1),
+}
 
 
 def _shifted_date(node: exp.Expression) -> tuple[exp.Expression, int] | None:

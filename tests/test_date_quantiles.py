@@ -85,11 +85,13 @@ def test_explain_shows_the_bounds_as_dates(make_policy: PolicyFactory, column: s
 
 
 @pytest.mark.parametrize(("sql", "sqlstate", "words"), [
-    # no bounds known for a shifted date: refused with a clamp to copy
-    ("SELECT MIN(day + 7) FROM visits", "42501",
-     "MIN(LEAST(GREATEST(day + 7, DATE '2024-01-01'), DATE '2024-12-31'))"),
-    ("SELECT PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY GREATEST(day + 1, DATE '2024-01-01')) "
-     "FROM visits", "42501", "WITHIN GROUP (ORDER BY LEAST(GREATEST("),
+    # no bounds known for a date (a decade's start; day + 7 has day's, a week later):
+    # refused with a clamp to copy
+    ("SELECT MIN(DATE_TRUNC('decade', day) + 7) FROM visits", "42501",
+     "MIN(LEAST(GREATEST(DATE_TRUNC('DECADE', day) + 7, DATE '2024-01-01'), "
+     "DATE '2024-12-31'))"),
+    ("SELECT PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY GREATEST(DATE_TRUNC('decade', day), "
+     "DATE '2024-01-01')) FROM visits", "42501", "WITHIN GROUP (ORDER BY LEAST(GREATEST("),
     # a released date is an output or ORDER BY item on its own
     ("SELECT MAX(LEAST(GREATEST(day, DATE '2024-01-01'), DATE '2024-12-31')) - 1 "
      "FROM visits", "0A000", "is a date"),

@@ -316,7 +316,7 @@ def _fold_within_group(select: exp.Select) -> exp.Select:
             return exp.Mode(this=items[0].this.copy())  # ties are no matter: one is drawn
         if not isinstance(function, exp.PercentileCont | exp.PercentileDisc) \
                 or function.args.get("expression") is not None:
-            raise NotSupportedError(f"{node.sql('postgres')} is not supported",
+            raise NotSupportedError(f"{written_sql(node)} is not supported",
                                     hint=f"supported aggregates: {SUPPORTED_HELP}")
         items = order.expressions if isinstance(order, exp.Order) else []
         if len(items) != 1:
@@ -411,7 +411,7 @@ def _quantile_literal(node: exp.Expression, function: str) -> Fraction:
         p = None
     if p is None:
         raise NotSupportedError(f"{function} needs a constant fraction, got "
-                                f"{node.sql('postgres')}", hint=f"e.g. {function}(0.9)")
+                                f"{written_sql(node)}", hint=f"e.g. {function}(0.9)")
     if not 0 <= p <= 1:
         raise InvalidParameterValue(f"percentile value {text} is not between 0 and 1",
                                     hint="0.5 is the median, 0.9 the 90th percentile")
@@ -520,12 +520,12 @@ def _expression_key(node: exp.Expression, table: TablePolicy, resolve: Resolver)
     """A GROUP BY row expression: allowlisted, typed, never over the privacy unit or a
     local-DP column; public values when it reads one column with public values."""
     if isinstance(node, exp.Literal | exp.Null | exp.Boolean):
-        raise NotSupportedError(f"GROUP BY {node.sql('postgres')} is not supported",
+        raise NotSupportedError(f"GROUP BY {written_sql(node)} is not supported",
                                 hint="group by a column, a select-list position, or an "
                                      "expression over columns")
     if node.find(exp.AggFunc) is not None:
         raise GroupingError(f"aggregate functions are not allowed in GROUP BY: "
-                            f"{node.sql('postgres')}")
+                            f"{written_sql(node)}")
     columns: dict[str, ColumnPolicy] = {}
     for ref in node.find_all(exp.Column):
         column = resolve(ref)
@@ -533,14 +533,14 @@ def _expression_key(node: exp.Expression, table: TablePolicy, resolve: Resolver)
             raise raw_read_error(column, "GROUP BY")
         if column.name == table.privacy_unit:
             raise PrivacyViolation(
-                f"GROUP BY {node.sql('postgres')} reads the privacy unit {column.name}, so "
+                f"GROUP BY {written_sql(node)} reads the privacy unit {column.name}, so "
                 "it could release one group per unit",
                 hint=f"count units instead: COUNT(DISTINCT {column.name})")
         columns[column.name] = column
     expression = coerce_literals(_unqualified(node, resolve), resolve)
     typed = type_row_expression(expression, resolve)
     if not columns:
-        raise NotSupportedError(f"GROUP BY {node.sql('postgres')}: a constant groups nothing",
+        raise NotSupportedError(f"GROUP BY {written_sql(node)}: a constant groups nothing",
                                 hint="remove it, or group by an expression over columns")
     column_type = key_type(typed)
     name = expression.sql("postgres")
@@ -643,7 +643,7 @@ def _aggregate_parts(node: exp.AggFunc, table: TablePolicy
             cols = arg.expressions
             if len(cols) != 1:
                 raise NotSupportedError(
-                    f"{node.sql('postgres')}: COUNT(DISTINCT …) takes one expression",
+                    f"{written_sql(node)}: COUNT(DISTINCT …) takes one expression",
                     hint="count the distinct values of one column or row expression")
             if isinstance(cols[0], exp.Column) and cols[0].name == table.privacy_unit:
                 return "count_units", None
@@ -666,7 +666,7 @@ def _aggregate_parts(node: exp.AggFunc, table: TablePolicy
         return "mode", arg
     if isinstance(node, exp.PercentileDisc):
         raise NotSupportedError(
-            f"{node.sql('postgres')}: PERCENTILE_DISC returns a value of some row, which no "
+            f"{written_sql(node)}: PERCENTILE_DISC returns a value of some row, which no "
             "noise can protect", hint="use PERCENTILE_CONT(p) WITHIN GROUP (ORDER BY …), a "
                                       "differentially private estimate of the same quantile")
     variance = _VARIANCE_FUNCTIONS.get(type(node))
@@ -857,7 +857,7 @@ def _collect_aggregates(select: exp.Select, table: TablePolicy, resolve: Resolve
     for place in places:
         for node in place.find_all(exp.AggFunc):
             if node.find_ancestor(exp.AggFunc) is not None:
-                raise GroupingError(f"aggregate calls cannot be nested: {node.sql('postgres')}")
+                raise GroupingError(f"aggregate calls cannot be nested: {written_sql(node)}")
             key = node.sql("postgres")
             if key in aggregates:
                 continue

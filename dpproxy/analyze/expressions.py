@@ -156,11 +156,23 @@ def written_sql(node: exp.Expression) -> str:
     >>> case.meta["written"] = "WIDTH_BUCKET(a, 0, 1, 1)"
     >>> written_sql(exp.Add(this=case, expression=exp.Literal.number(1)))
     'WIDTH_BUCKET(a, 0, 1, 1) + 1'
+
+    A constant date, which the parser reads as a cast, reads as a date literal again:
+
+    >>> written_sql(parse_one("day - DATE '2024-01-01'", read="postgres"))
+    "day - DATE '2024-01-01'"
     """
-    if "written" not in node.meta and not any("written" in n.meta for n in node.walk()):
+    def as_written(n: exp.Expression) -> exp.Expression:
+        if "written" in n.meta:
+            return exp.Var(this=n.meta["written"])
+        if isinstance(n, exp.Cast) and n.to.is_type(exp.DataType.Type.DATE) \
+                and isinstance(n.this, exp.Literal) and n.this.is_string:
+            return exp.Var(this=f"DATE {n.this.sql('postgres')}")
+        return n
+
+    if not any("written" in n.meta or isinstance(n, exp.Cast) for n in node.walk()):
         return node.sql("postgres")
-    return node.transform(lambda n: exp.Var(this=n.meta["written"]) if "written" in n.meta
-                          else n).sql("postgres")
+    return node.transform(as_written).sql("postgres")
 
 
 def column_name(node: exp.Column) -> str:

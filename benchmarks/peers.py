@@ -706,7 +706,8 @@ def markdown(r: dict[str, Any]) -> str:
         "**Wall time per query** (median ms; dpproxy and exact on DuckDB from the same run). "
         "Bounding: of dpproxy's timed runs on DuckDB / PostgreSQL, how many the backend ran "
         "unbounded because a check proved no person exceeds the bounds (on PostgreSQL a "
-        "check holds until any transaction writes anywhere on the server):",
+        "check is read in one snapshot and carried to later ones where the people with "
+        "new rows are within the bounds: benchmarks/busy_server.py):",
         "",
         "| query | exact DuckDB | dpproxy DuckDB | exact PG | dpproxy PG | SmartNoise PG "
         "| SmartNoise pandas | SmartNoise ÷ dpproxy (PG) | dpproxy ÷ exact (DuckDB) "

@@ -181,6 +181,9 @@ def test_a_wrapped_query_runs_on_the_backend(wrapped: str, flat: str, engine: En
      "occupation) s", errors.NotSupportedError, "GROUP BY"),
     ("SELECT AVG(n) FROM (SELECT COUNT(*) AS n FROM adult) s", errors.NotSupportedError,
      "aggregates"),
+    # a value per person, to average outside: the hint is the one query that does it
+    ("SELECT AVG(n) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t",
+     errors.NotSupportedError, "COUNT(*) * 1.0 / COUNT(DISTINCT person_id) FROM visits"),
     ("SELECT COUNT(*) FROM (SELECT * FROM adult LIMIT 10) s", errors.NotSupportedError,
      "LIMIT"),
     ("SELECT COUNT(*) FROM (SELECT DISTINCT person_id FROM adult) s",
@@ -280,3 +283,16 @@ def test_parameters_inside_and_outside_a_subquery(engine: Engine, demo_database:
             assert row is not None
             (released,) = alice.execute(sql, [age, sex]).rows[0]
             assert abs(released - row[0]) < 200, (age, sex)
+
+
+def test_the_hint_for_a_value_per_person_runs(engine: Engine) -> None:
+    """The refusal of a per-person subquery names a query that is answered: visits per
+    person, from the noisy count of visits and of people."""
+    sql = "SELECT AVG(n) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t"
+    alice = engine.session("alice", epsilon=1.0)
+    with pytest.raises(errors.NotSupportedError) as raised:
+        alice.execute(sql)
+    assert raised.value.hint is not None
+    hinted = raised.value.hint.split("divide in one query: ")[1].split(" (")[0]
+    (per_person,), = alice.execute(hinted).rows
+    assert 1 <= per_person <= 10  # 1–50 visits a person, at most 10 counted (the policy)

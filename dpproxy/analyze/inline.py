@@ -71,6 +71,33 @@ def inline(select: exp.Expression, ctes: dict[str, exp.Expression] | None = None
     return _merge(select, source, scope, what)
 
 
+def _refuse_values_per_group(inner: exp.Select, what: str) -> None:
+    """A subquery computing a value per group of one column (per person, most often, to
+    average it outside) is refused with the one query that gives a mean per group: the
+    total over the count of distinct values of that column.
+
+    >>> from sqlglot import parse_one
+    >>> try:
+    ...     _refuse_values_per_group(parse_one(
+    ...         "SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id"), "a subquery")
+    ... except NotSupportedError as refused:
+    ...     print(refused.message)
+    a subquery computing a value per person_id (GROUP BY person_id) is not supported
+    """
+    group = inner.args.get("group")
+    keys = group.expressions if group is not None else []
+    table = _source(inner)
+    if len(keys) != 1 or not isinstance(keys[0], exp.Column) \
+            or inner.find(exp.AggFunc) is None or not isinstance(table, exp.Table):
+        return
+    key = keys[0].sql("postgres")
+    raise NotSupportedError(
+        f"{what} computing a value per {key} (GROUP BY {key}) is not supported",
+        hint=f"for a mean per {key}, divide in one query: SELECT COUNT(*) * 1.0 / "
+             f"COUNT(DISTINCT {key}) FROM {table.sql('postgres')} (SUM(x) / COUNT(DISTINCT "
+             f"{key}) for a sum per {key})")
+
+
 def _source(select: exp.Select) -> exp.Expression | None:
     from_ = select.args.get("from_")
     return from_.this if from_ is not None else None
@@ -114,6 +141,7 @@ def _merge(select: exp.Select, source: exp.Subquery, ctes: dict[str, exp.Express
                                 hint=_HINT)
     inner = inline(inner, ctes)  # a subquery or WITH query of its own, first
     assert isinstance(inner, exp.Select)
+    _refuse_values_per_group(inner, what)
     for arg, clause in _NOT_ROW_LEVEL.items():
         if inner.args.get(arg):
             raise NotSupportedError(f"{what} with {clause} is not supported", hint=_HINT)

@@ -136,7 +136,7 @@ def measure(dsn: str, repeat: int, tmp: Path) -> dict[str, Any]:
         run = 0
         newcomer = 10**9  # uids of people inserted during the run
 
-        def dp(name: str, sql: str, carry: bool) -> float:
+        def dp(sql: str, carry: bool) -> float:
             nonlocal run
             run += 1
             session = sessions["carry" if carry else "bound"]
@@ -159,19 +159,19 @@ def measure(dsn: str, repeat: int, tmp: Path) -> dict[str, Any]:
 
         for label, dp_sql, exact_sql in QUERIES:
             for carry in (True, False):  # warm-up: each session reads its check once
-                dp(label, dp_sql, carry)
+                dp(dp_sql, carry)
             raw.execute(exact_sql).fetchall()
             times: dict[str, list[float]] = {s: [] for s in states}
             before = {k: _counts(e) for k, e in (("carry", carrying), ("bound", bounding))}
             for _ in range(repeat):
                 times["exact"].append(timed(lambda sql=exact_sql: raw.execute(sql).fetchall()))
                 commit_elsewhere()
-                times["carried"].append(dp(label, dp_sql, True))
-                times["quiet"].append(dp(label, dp_sql, True))  # no commit since
+                times["carried"].append(dp(dp_sql, True))
+                times["quiet"].append(dp(dp_sql, True))  # no commit since
                 insert_a_person()
-                times["appended"].append(dp(label, dp_sql, True))
+                times["appended"].append(dp(dp_sql, True))
                 commit_elsewhere()
-                times["bounded"].append(dp(label, dp_sql, False))
+                times["bounded"].append(dp(dp_sql, False))
             medians = {s: statistics.median(t) for s, t in times.items()}
             out[label] = {
                 "ms": medians,

@@ -403,6 +403,8 @@ class _RowTyper:
                                    f"{', '.join(sorted(kinds))}")
         if kinds and kinds != {"num"}:
             return ExprType(kinds.pop(), nullable=all(t.nullable for t in types))
+        if not kinds and any(t.kind == "unknown" for t in types):
+            return ExprType("text", nullable=all(t.nullable for t in types))  # as _union's
         nums = [t if t.kind == "num" else ExprType("num", nullable=t.kind == "null")
                 for t in types]
         # NULL arguments are skipped, so a nullable argument may be absent: only arguments
@@ -427,7 +429,9 @@ class _RowTyper:
         if len(kinds) > 1:
             raise DatatypeMismatch(f"{what} branches have different types: "
                                    f"{', '.join(sorted(kinds))}")
-        kind = kinds.pop() if kinds else ("unknown" if any(t.kind == "unknown" for t in types)
+        # quoted literals alone make text, as in PostgreSQL: never a value of no type that
+        # DuckDB would convert to a number, date or boolean only when a row reaches it
+        kind = kinds.pop() if kinds else ("text" if any(t.kind == "unknown" for t in types)
                                           else "null")
         if kind != "num":
             return ExprType(kind, nullable=nullable)  # type: ignore[arg-type]
@@ -470,6 +474,8 @@ class _RowTyper:
         a, b = self.visit(node.this), self.visit(node.expression)
         if not _compatible(a, b):
             raise DatatypeMismatch(f"NULLIF compares {a.kind} with {b.kind}")
+        if a.kind == "unknown":
+            return ExprType("text")  # as _union's
         return replace(a, nullable=True)
 
     def _cast(self, node: exp.Cast | exp.TryCast) -> ExprType:
@@ -530,9 +536,13 @@ class _RowTyper:
         return self._predicate(node.this, "NOT")
 
     def _Is(self, node: exp.Is) -> ExprType:
-        self.visit(node.this)
+        subject = self.visit(node.this)
         if not isinstance(node.expression, exp.Null | exp.Boolean):
             raise NotSupportedError("IS is supported with NULL, TRUE and FALSE")
+        if isinstance(node.expression, exp.Boolean) and subject.kind not in ("bool", "null"):
+            # DuckDB would convert text to a boolean only when a row reaches it
+            raise DatatypeMismatch(f"IS {node.expression.sql('postgres')} needs a boolean, got "
+                                   f"{'text' if subject.kind == 'unknown' else subject.kind}")
         return ExprType("bool", nullable=False)
 
     def _In(self, node: exp.In) -> ExprType:
@@ -826,6 +836,27 @@ def coerce_literals(node: exp.Expression, columns: Mapping[str, ColumnPolicy] | 
                     if isinstance(n, exp.Add | exp.Sub) and kind == "date":
                         kind = "num"  # day + '7'
                     pairs.append((mine, _retyped(target, kind)))
+        elif isinstance(n, exp.Least | exp.Greatest | exp.Coalesce):
+            kind = _sibling_kind([n.this, *n.expressions], kind_of)
+            pairs.append(("this", _retyped(n.this, kind)))
+            n.set("expressions", [_retyped(e, kind) for e in n.expressions])
+        elif isinstance(n, exp.Nullif | exp.If):
+            keys = ("this", "expression") if isinstance(n, exp.Nullif) else ("true", "false")
+            kind = _sibling_kind([n.args[k] for k in keys if n.args.get(k) is not None],
+                                 kind_of)
+            pairs.extend((k, _retyped(n.args[k], kind)) for k in keys
+                         if n.args.get(k) is not None)
+        elif isinstance(n, exp.Case):
+            for branch in n.args.get("ifs") or ():
+                if n.this is not None:  # CASE x WHEN v: each v is compared with x
+                    for key, value in _alike_pair(n.this, branch.this, kind_of):
+                        branch.set("this", value) if key == "b" else n.set("this", value)
+            results = [(b, "true") for b in n.args.get("ifs") or ()]
+            if n.args.get("default") is not None:
+                results.append((n, "default"))
+            kind = _sibling_kind([owner.args[key] for owner, key in results], kind_of)
+            for owner, key in results:
+                owner.set(key, _retyped(owner.args[key], kind))
         elif isinstance(n, exp.In | exp.Between):
             kind = kind_of(n.this)
             if isinstance(n, exp.In):
@@ -838,6 +869,28 @@ def coerce_literals(node: exp.Expression, columns: Mapping[str, ColumnPolicy] | 
         return n
 
     return node.transform(swap)
+
+
+def _sibling_kind(operands: list[exp.Expression], kind_of: Callable[[exp.Expression], Kind]
+                  ) -> Kind:
+    """The type quoted literals among these operands take (as PostgreSQL resolves a
+    CASE's, COALESCE's or LEAST's type): the first typed operand's."""
+    for operand in operands:
+        if operand is not None and not _is_text_literal(operand):
+            kind = kind_of(operand)
+            if kind in ("num", "date", "bool", "text"):
+                return kind
+    return "unknown"
+
+
+def _alike_pair(a: exp.Expression, b: exp.Expression,
+                kind_of: Callable[[exp.Expression], Kind]) -> list[tuple[str, exp.Expression]]:
+    """A quoted literal compared with a typed operand, retyped: ("a" or "b", literal)."""
+    if _is_text_literal(b) and not _is_text_literal(a):
+        return [("b", _retyped(b, kind_of(a)))]
+    if _is_text_literal(a) and not _is_text_literal(b):
+        return [("a", _retyped(a, kind_of(b)))]
+    return []
 
 
 def _retyped(node: exp.Expression, kind: Kind) -> exp.Expression:

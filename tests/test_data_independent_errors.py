@@ -1,0 +1,81 @@
+"""A query fails or succeeds alike whatever the data, and fails before the charge.
+
+An engine converts a quoted literal next to a number, date or boolean (DuckDB: in LEAST,
+GREATEST, COALESCE, NULLIF, CASE, IS TRUE), or compiles a regular expression (both),
+only when a row reaches it. Had dpproxy passed such a literal on untyped, whether the
+query failed would tell whether some person matched its WHERE: an exact answer, outside
+the noise. Each query below is sent twice on both backends, once with a condition one
+person or more meets (age = 90: 43 people; person_id = 5) and once with one nobody meets:
+both must be refused with the same SQLSTATE, and nothing charged.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dpproxy import errors
+from dpproxy.session import Engine
+
+BACKENDS = ("duckdb", "postgres")
+
+_ADULT = ("age = 90", "age = 91")
+_VISITS = ("person_id = 5", "person_id = -5")
+
+REFUSED = [
+    pytest.param("SELECT COUNT(*) FROM adult WHERE {} AND LEAST(age, 'abc') > 0", _ADULT,
+                 "22P02", id="least"),
+    pytest.param("SELECT COUNT(*) FROM adult WHERE {} AND GREATEST('abc', age) > 0", _ADULT,
+                 "22P02", id="greatest"),
+    pytest.param("SELECT COUNT(*) FROM adult WHERE {} AND NULLIF(age, 'x') > 0", _ADULT,
+                 "22P02", id="nullif"),
+    pytest.param("SELECT COUNT(*) FROM adult WHERE {} AND COALESCE(age, 'x') > 0", _ADULT,
+                 "22P02", id="coalesce"),
+    pytest.param("SELECT COUNT(*) FROM adult WHERE {} AND CASE age WHEN 'abc' THEN TRUE "
+                 "ELSE TRUE END", _ADULT, "22P02", id="case-operand"),
+    pytest.param("SELECT COUNT(*) FROM adult WHERE {} AND CASE WHEN age > 0 THEN age ELSE "
+                 "'abc' END > 0", _ADULT, "22P02", id="case-branch"),
+    pytest.param("SELECT COUNT(*) FROM adult WHERE {} AND ABS(CASE WHEN age > 88 THEN 'abc' "
+                 "END) > 0", _ADULT, "42804", id="case-of-text-as-number"),
+    pytest.param("SELECT COUNT(*) FROM adult WHERE {} AND CASE WHEN TRUE THEN education "
+                 "IS TRUE END", _ADULT, "42804", id="text-is-true"),
+    pytest.param("SELECT COUNT(*) FROM visits WHERE {} AND COALESCE(NULLIF(day, day), "
+                 "'garbage') > DATE '2000-01-01'", _VISITS, "22P02", id="date"),
+    pytest.param("SELECT SUM(CASE WHEN {} THEN LEAST(age, 'x') ELSE 0 END) FROM adult",
+                 _ADULT, "22P02", id="aggregate-argument"),
+    pytest.param("SELECT CASE WHEN {} THEN 'x' ELSE 1 END AS k, COUNT(*) FROM adult "
+                 "GROUP BY 1", _ADULT, "22P02", id="group-key"),
+    pytest.param("SELECT COUNT(*) FROM adult WHERE {} AND education ~ '[z-a]'", _ADULT,
+                 "0A000", id="regex-range"),
+    pytest.param("SELECT COUNT(*) FROM visits WHERE {} AND CAST(amount AS TEXT) ~ 'x{{2}}{{3}}'",
+                 _VISITS, "0A000", id="regex-quantifiers"),
+]
+
+
+@pytest.mark.parametrize(("template", "conditions", "sqlstate"), REFUSED)
+def test_refused_alike_whether_or_not_a_row_matches(engine: Engine, template: str,
+                                                    conditions: tuple[str, str],
+                                                    sqlstate: str) -> None:
+    alice = engine.session("alice", epsilon=1.0)
+    for condition in conditions:
+        with pytest.raises(errors.Error) as raised:
+            alice.execute(template.format(condition))
+        assert raised.value.sqlstate == sqlstate, (condition, raised.value)
+    assert alice.remaining().epsilon == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize(("sql", "low", "high"), [
+    # the literal is typed as its neighbour: a number (40 < LEAST(age, 50): ages 41–90)
+    ("SELECT COUNT(*) FROM adult WHERE LEAST(age, '50') > 40", 13_000, 14_000),
+    ("SELECT COUNT(*) FROM adult WHERE CASE age WHEN '90' THEN TRUE ELSE FALSE END", 0, 200),
+    ("SELECT SUM(CASE WHEN age > 40 THEN '1' ELSE 0 END) FROM adult", 13_000, 14_000),
+    ("SELECT COUNT(*) FROM visits WHERE COALESCE(NULLIF(day, day), '2024-03-01') "
+     "> DATE '2024-02-01'", 150_000, 330_000),
+])
+def test_literals_typed_by_their_neighbours_are_answered(engine: Engine, sql: str,
+                                                         low: int, high: int) -> None:
+    """At ε = 1 (Laplace scale ≤ 40 here), the answers lie within these wide ranges but
+    with probability below e^-10 each: 13,376 people are over 40 by LEAST(age, 50), 43
+    are 90, and every visit counts (bounded: at most 40 of a person's)."""
+    alice = engine.session("alice", epsilon=1.0)
+    (value,), = alice.execute(sql).rows
+    assert low <= value <= high

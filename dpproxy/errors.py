@@ -92,6 +92,12 @@ class InvalidArgumentForWidthBucket(DataError):
     sqlstate = "2201G"
 
 
+class InvalidRegularExpression(DataError):
+    """A regular expression the backend cannot compile (refused before the charge)."""
+
+    sqlstate = "2201B"
+
+
 class OperationalError(DatabaseError):
     sqlstate = "58000"
 

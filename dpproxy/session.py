@@ -216,6 +216,8 @@ class Engine:
         self._rewrites: OrderedDict[tuple[str, bool], Rewritten] = OrderedDict()
         # backend statements the backend has planned once (`check_plans`)
         self._planned: weakref.WeakSet[Rewritten] = weakref.WeakSet()
+        # regular expressions the backend has compiled once (`check_patterns`)
+        self._compiled: set[tuple[str, bool]] = set()
         # (statement text, typed parameters) → the normalized bound query
         self._normalized: OrderedDict[tuple[str, str], str] = OrderedDict()
         # (statement text, typed parameters) → its output names and the tables it reads, for
@@ -320,6 +322,18 @@ class Engine:
             if len(self._rewrites) > REWRITE_CACHE_SIZE:
                 self._rewrites.popitem(last=False)
         return fresh
+
+    def check_patterns(self, analysis: Analysis) -> None:
+        """Have the backend compile the query's regular expressions, each the first time it
+        is used: one it cannot compile is refused before the charge, as a query that fails
+        only where a row reaches the pattern would tell that such a row exists."""
+        patterns = analysis.regular_expressions
+        with self._lock:
+            fresh = sorted(patterns - self._compiled)
+        if fresh:
+            self.backend.check_patterns(fresh)
+            with self._lock:
+                self._compiled.update(fresh)
 
     def check_plans(self, rewritten: Rewritten, values: Sequence[object] = ()) -> None:
         """Have the backend plan a backend statement without running it, the first time it
@@ -743,6 +757,7 @@ class Session:
                             ) -> Result:
         analysis = plan.analysis
         rewritten, values = shaped if shaped is not None else (self.engine.rewritten(plan), ())
+        self.engine.check_patterns(analysis)
         self.engine.check_plans(rewritten, values)
         # Charge first, durably, claiming the cache key in the same transaction: a failure
         # after this point may depend on the data, so it is paid for like a release.

@@ -3,8 +3,11 @@ by PostgreSQL and by DuckDB's RE2, string for string; the rest is refused."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 
+import duckdb
+import psycopg
 import pytest
 import sqlglot
 
@@ -69,7 +72,13 @@ def test_an_injected_difference_is_caught(connections: Connections,
 
 @pytest.mark.parametrize("pattern", ["\\d", "\\w+", "\\s", "\\y", "[[:alpha:]]", "[]a]",
                                      "(a)\\1", "(?i)a", "a{256}", "{2}", "*a", "(a",
-                                     "a)", "[a", "[a\\-z]", "a{3,1}"])
+                                     "a)", "[a", "[a\\-z]", "a{3,1}",
+                                     # neither engine compiles these (`[z-a]`, a quantified
+                                     # quantifier, a quantified anchor or group opening), or
+                                     # only one does (nested repeats of more than 1000)
+                                     "[z-a]", "a**", "x{2}{3}", "a*{2}", "(ab)*+", "a?*",
+                                     "a*??", "^+", "$*", "(?:+)", "(+)", "(a{255}){255}",
+                                     "((a{16}){16}){16}"])
 def test_patterns_read_differently_are_refused(pattern: str) -> None:
     with pytest.raises(errors.NotSupportedError) as raised:
         check_pattern(pattern)
@@ -88,3 +97,51 @@ def test_queries_on_both_backends(engine: Engine) -> None:
         alice.execute("SELECT COUNT(*) FROM adult WHERE occupation ~ sex")
     with pytest.raises(errors.DatatypeMismatch):
         alice.execute("SELECT COUNT(*) FROM adult WHERE age ~ '1'")
+
+
+# pieces of patterns, valid or not, for `test_accepted_patterns_compile_on_both_engines`
+_PIECES = ["a", "b", ".", "[a-c]", "[^x]", "[b-a]", "\\.", "(", ")", "(?:", "|", "*", "+",
+           "?", "{2}", "{0,3}", "{1,}", "{255}", "{0}", "^", "$", "-", "{,2}"]
+
+
+def test_accepted_patterns_compile_on_both_engines(connections: Connections) -> None:
+    """Every pattern check_pattern accepts, of 20,000 random strings of pieces (seeded),
+    compiles in RE2 (DuckDB) and in PostgreSQL's engine: a pattern one of them cannot
+    compile would make a query fail only when a row reaches it (the backend check before
+    the charge, `Backend.check_patterns`, stops that too). The draw holds thousands of
+    accepted patterns and thousands of refused ones."""
+    duck, postgres = connections
+    rng = random.Random(20261125)
+    accepted = refused = 0
+    failures = []
+    for _ in range(20_000):
+        pattern = "".join(rng.choice(_PIECES) for _ in range(rng.randint(1, 8)))
+        try:
+            check_pattern(pattern)
+        except errors.NotSupportedError:
+            refused += 1
+            continue
+        accepted += 1
+        for engine, sql in ((duck, "SELECT regexp_matches('', $1, 's')"),
+                            (postgres, "SELECT '' ~ %s")):
+            try:
+                engine.execute(sql, [pattern]).fetchall()
+            except (duckdb.Error, psycopg.Error) as exc:
+                failures.append((pattern, type(exc).__name__))
+    assert accepted > 2000 and refused > 2000
+    assert failures == []
+
+
+@pytest.mark.parametrize("pattern", ["[z-a]", "a**", "x{2}{3}"])
+def test_a_pattern_the_backend_cannot_compile_is_refused_before_the_charge(
+        engine: Engine, pattern: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the analyzer's check out of the way, the backend's compilation refuses the
+    pattern (2201B) before anything is charged, whether or not a row reaches it: the
+    first condition matches one person (aged 90), the second nobody."""
+    monkeypatch.setattr("dpproxy.analyze.regex.check_pattern", lambda pattern: None)
+    alice = engine.session("alice", epsilon=1.0)
+    for condition in ("age = 90", "age = 91"):
+        with pytest.raises(errors.InvalidRegularExpression):
+            alice.execute(f"SELECT COUNT(*) FROM adult WHERE {condition} AND "
+                          f"education ~ '{pattern}'")
+    assert alice.remaining().epsilon == pytest.approx(10.0)

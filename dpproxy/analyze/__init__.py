@@ -142,6 +142,18 @@ class Analysis:
     windows: tuple[WindowCall, ...] = ()
 
     @property
+    def regular_expressions(self) -> frozenset[tuple[str, bool]]:
+        """Every (pattern, case-insensitive) the backend statement matches rows with: in
+        WHERE, group keys and aggregate arguments."""
+        nodes = [self.where, *(k.expression for k in self.keys),
+                 *(s.argument for s in self.statistics)]
+        return frozenset(
+            (match.expression.this, isinstance(match, exp.RegexpILike))
+            for node in nodes if node is not None
+            for match in node.find_all(exp.RegexpLike, exp.RegexpILike)
+            if isinstance(match.expression, exp.Literal))
+
+    @property
     def fans_out(self) -> bool:
         """True when a joined public table may match a row several times (no unique key)."""
         return any(j.unique_key is None for j in self.joins)

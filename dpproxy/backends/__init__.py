@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from ..bounds import Unbounded
-from ..errors import BackendError
+from ..errors import BackendError, InvalidRegularExpression
 from ..policy import Policy
 
 
@@ -31,6 +31,13 @@ class Backend(Protocol):
         the backend cannot: a fault of the rewrite, found before the query is charged."""
         ...
 
+    def check_patterns(self, patterns: Sequence[tuple[str, bool]]) -> None:
+        """Compile each (regular expression, case-insensitive) as the rewritten statements
+        match with it, on a constant: InvalidRegularExpression for one the backend cannot
+        compile. Both engines compile a pattern only when a row first reaches it, so
+        whether a query fails would otherwise tell whether such a row exists."""
+        ...
+
     def data_version(self) -> str:
         """Changes whenever the data may have changed: cached answers belong to one version."""
         ...
@@ -49,6 +56,15 @@ def unplannable(error_class: str) -> BackendError:
                         detail=f"backend error class: {error_class}",
                         hint="this is a fault of dpproxy's rewrite: please report the query "
                              "(the backend's message is withheld: it may quote data)")
+
+
+def uncompilable(pattern: str) -> InvalidRegularExpression:
+    """The error for a pattern the backend cannot compile (`check_patterns`)."""
+    from ..analyze.regex import HINT
+
+    return InvalidRegularExpression(
+        f"invalid regular expression {pattern!r}: the backend cannot compile it; nothing "
+        "was charged", hint=HINT)
 
 
 def open_backend(policy: Policy) -> Backend:

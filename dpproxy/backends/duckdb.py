@@ -22,7 +22,7 @@ import duckdb
 from ..bounds import SPLIT_MAX_HEAVY_SHARE, UNIT, BoundCheck, BoundingCounts, Unbounded
 from ..errors import BackendError, InvalidPolicy
 from ..policy import Policy
-from . import unplannable
+from . import uncompilable, unplannable
 from .shared_scans import SharedScans
 
 # "off": run every statement from its text, for A/B benchmarks.
@@ -197,6 +197,16 @@ class DuckDBBackend:
                 cursor.execute(f"DEALLOCATE {_CHECKED}")
         except duckdb.Error as exc:
             raise unplannable(type(exc).__name__) from None
+
+    def check_patterns(self, patterns: Sequence[tuple[str, bool]]) -> None:
+        # a parameter, not a constant: compiled when the one row reaches it, as in a query
+        cursor = self._cursor()
+        for pattern, insensitive in patterns:
+            try:
+                cursor.execute("SELECT REGEXP_MATCHES('', ?, ?)",
+                               [pattern, "is" if insensitive else "s"]).fetchall()
+            except duckdb.Error:
+                raise uncompilable(pattern) from None
 
     def run_aggregate(self, sql: str, parameters: Sequence[object] = (),
                       unbounded: Unbounded | None = None) -> list[tuple[object, ...]]:

@@ -32,7 +32,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from ..bounds import BoundCheck, BoundingCounts, Unbounded
 from ..errors import BackendError, InvalidPolicy
 from ..policy import Policy, env_password
-from . import unplannable
+from . import uncompilable, unplannable
 
 POOL_MIN_SIZE = 1
 POOL_MAX_SIZE = 10
@@ -291,6 +291,17 @@ class PostgresBackend:
                     cursor.fetchall()
         except psycopg.Error as exc:
             raise unplannable(type(exc).__name__) from None
+
+    def check_patterns(self, patterns: Sequence[tuple[str, bool]]) -> None:
+        with self._pool.connection() as conn, conn.cursor() as cursor:
+            for pattern, insensitive in patterns:
+                try:
+                    with conn.transaction():
+                        cursor.execute(f"SELECT '' {'~*' if insensitive else '~'} $1::text",
+                                       [pattern])
+                        cursor.fetchall()
+                except psycopg.Error:
+                    raise uncompilable(pattern) from None
 
     def run_aggregate(self, sql: str, parameters: Sequence[object] = (),
                       unbounded: Unbounded | None = None) -> list[tuple[object, ...]]:

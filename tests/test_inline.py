@@ -160,7 +160,8 @@ def test_a_wrapped_query_runs_on_the_backend(wrapped: str, flat: str, engine: En
     """Through a session, on DuckDB and on PostgreSQL: the merged statement runs and gives
     the flat query's columns and groups, at one charge of the query's ε. (`age / 10` is a
     private key: at ε = 5 partition selection's threshold is about 7 units, which the
-    smallest decade, 43 people aged 90, misses with probability below e^-80.)"""
+    smallest decade, 43 people aged 90, misses with probability below e^-80; a join's
+    smallest collar other than 'military' has 813 people.)"""
     alice = engine.session("alice", epsilon=5.0)
     result = alice.execute(wrapped)
     assert result.cost is not None and result.cost.epsilon == pytest.approx(5.0)
@@ -171,9 +172,13 @@ def test_a_wrapped_query_runs_on_the_backend(wrapped: str, flat: str, engine: En
     analysis = analyze(ast, engine.policy, engine.policy.analysts["alice"])
     assert isinstance(analysis, Analysis)
     keys = [i for i, o in enumerate(analysis.outputs) if o.aggregate is None]
-    assert sorted(repr([r[i] for i in keys]) for r in result.rows) \
-        == sorted(repr([r[i] for i in keys]) for r in expected.rows)
-    assert len(result.rows) == len(expected.rows) > 0
+
+    def groups(rows: list[tuple[Any, ...]]) -> list[str]:
+        # collar 'military' (5 people over 30, 2 over 50) is near the threshold: released
+        # by chance, in either query or both
+        return sorted(repr([r[i] for i in keys]) for r in rows if "military" not in r)
+    assert groups(result.rows) == groups(expected.rows)
+    assert len(groups(result.rows)) > 0
 
 
 @pytest.mark.parametrize(("sql", "problem", "says"), [
@@ -181,9 +186,10 @@ def test_a_wrapped_query_runs_on_the_backend(wrapped: str, flat: str, engine: En
      "occupation) s", errors.NotSupportedError, "GROUP BY"),
     ("SELECT AVG(n) FROM (SELECT COUNT(*) AS n FROM adult) s", errors.NotSupportedError,
      "aggregates"),
-    # a value per person, to average outside: the hint is the one query that does it
-    ("SELECT AVG(n) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t",
-     errors.NotSupportedError, "COUNT(*) * 1.0 / COUNT(DISTINCT person_id) FROM visits"),
+    # a value per day (not per person), to average outside: the hint is the one query
+    # that does it (values per person are tests/test_per_unit.py's)
+    ("SELECT AVG(n) FROM (SELECT day, COUNT(*) AS n FROM visits GROUP BY day) t",
+     errors.NotSupportedError, "COUNT(*) * 1.0 / COUNT(DISTINCT day) FROM visits"),
     ("SELECT COUNT(*) FROM (SELECT * FROM adult LIMIT 10) s", errors.NotSupportedError,
      "LIMIT"),
     ("SELECT COUNT(*) FROM (SELECT DISTINCT person_id FROM adult) s",
@@ -285,14 +291,18 @@ def test_parameters_inside_and_outside_a_subquery(engine: Engine, demo_database:
             assert abs(released - row[0]) < 200, (age, sex)
 
 
-def test_the_hint_for_a_value_per_person_runs(engine: Engine) -> None:
-    """The refusal of a per-person subquery names a query that is answered: visits per
-    person, from the noisy count of visits and of people."""
-    sql = "SELECT AVG(n) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t"
-    alice = engine.session("alice", epsilon=1.0)
-    with pytest.raises(errors.NotSupportedError) as raised:
-        alice.execute(sql)
-    assert raised.value.hint is not None
-    hinted = raised.value.hint.split("divide in one query: ")[1].split(" (")[0]
-    (per_person,), = alice.execute(hinted).rows
-    assert 1 <= per_person <= 10  # 1–50 visits a person, at most 10 counted (the policy)
+def test_the_hint_for_a_value_per_day_runs(make_policy: Any) -> None:
+    """The refusal of a value per group of a column other than the privacy unit names a
+    query that is answered: visits per day, from the noisy count of visits and of days
+    (bounded: at most 10 visits of a person count, in at most 4 days). At ε = 10⁴ the
+    noise is below 1 but with probability ~e^-100; the bounded answer is about 534."""
+    sql = "SELECT AVG(n) FROM (SELECT day, COUNT(*) AS n FROM visits GROUP BY day) t"
+    policy = make_policy({"budget = { epsilon = 10.0,": "budget = { epsilon = 1e5,"})
+    with Engine.from_path(policy) as engine:
+        alice = engine.session("alice", epsilon=1e4)
+        with pytest.raises(errors.NotSupportedError) as raised:
+            alice.execute(sql)
+        assert raised.value.hint is not None
+        hinted = raised.value.hint.split("divide in one query: ")[1].split(" (")[0]
+        (per_day,), = alice.execute(hinted).rows
+    assert 300 <= per_day <= 712  # 712 visits a day before bounding

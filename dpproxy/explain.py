@@ -27,6 +27,10 @@ def explain_lines(plan: QueryPlan, rewritten_sql: str | None, remaining: Cost) -
     unit = (f"privacy unit {bound.privacy_unit}: at most {bound.max_groups} group(s) and "
             f"{bound.max_rows} row(s) per group per unit" if bound.privacy_unit
             else "no privacy unit: each row is its own unit")
+    if analysis.per_unit is not None:
+        per_unit = analysis.per_unit
+        unit = (f"values per {per_unit.unit}, one row per unit: {per_unit.describe()}; "
+                "each row is its own unit")
     noisy = sum(m.private for m in plan.measurements)
     split = (f"split evenly over {noisy} noisy statistic(s)" if options.split is None
              else f"split by aggregate weights {format_split(options.split)} (SET "

@@ -52,6 +52,7 @@ from sqlglot import exp
 from .analyze import Analysis, GroupKey, to_char
 from .analyze.aggregates import Statistic
 from .analyze.expressions import constant_digits, make_resolver, type_row_expression
+from .analyze.per_unit import PerUnit
 from .bounds import BoundCheck, Unbounded, bound_check
 from .clock import date_literal
 from .plan import Measurement, QueryPlan
@@ -521,6 +522,7 @@ def joined_source(analysis: Analysis, row_ids: bool) -> exp.Expression:
     SELECT "__t0"."k" AS "k", "__t1"."k" AS "q.k" FROM "p" AS "__t0" LEFT JOIN (SELECT DISTINCT
     ON ("k") * FROM "q" ORDER BY "k") AS "__t1" ON "__t0"."k" = "__t1"."k"
     """
+    assert analysis.per_unit is None, "values per unit are never joined (analyze refuses it)"
     table = analysis.table
     public = {f"{j.prefix}.{name}": (f"__t{i + 1}", name)
               for i, j in enumerate(analysis.joins) for name in j.table.columns}
@@ -559,6 +561,36 @@ def joined_source(analysis: Analysis, row_ids: bool) -> exp.Expression:
         joined = joined.join(target, on=on, join_type="LEFT" if join.left else "INNER",
                              copy=False)
     return joined
+
+
+def per_unit_source(per_unit: PerUnit, dialect: str) -> exp.Expression:
+    """The subquery of values per unit (`analyze.per_unit`), total on any data: each value
+    of each unit of its table over the rows passing its WHERE, named by the table (the
+    outer query's columns are read as the table's). The values are the exact ones; the
+    outer statement clamps each one where it sums or ranks it."""
+    table = per_unit.table
+    items: list[exp.Expression] = []
+    for value in per_unit.values:
+        argument = None if value.argument is None \
+            else make_total(value.argument, table, dialect)
+        call: exp.Expression
+        if argument is None:
+            call = exp.Count(this=exp.Star())
+        elif value.function == "count_distinct":
+            call = exp.Count(this=exp.Distinct(expressions=[argument]))
+        else:
+            call = _PER_UNIT_CALLS[value.function](this=argument)
+        items.append(exp.alias_(call, value.name, quoted=True))
+    inner = exp.select(*items, copy=False).from_(exp.to_table(table.name, quoted=True),
+                                                 copy=False)
+    if per_unit.where is not None:
+        inner = inner.where(make_total(per_unit.where, table, dialect), copy=False)
+    inner = inner.group_by(exp.column(per_unit.unit, quoted=True), copy=False)
+    return inner.subquery(exp.to_identifier(table.name, quoted=True), copy=False)
+
+
+_PER_UNIT_CALLS: dict[str, type[exp.Func]] = {
+    "count": exp.Count, "sum": exp.Sum, "avg": exp.Avg, "min": exp.Min, "max": exp.Max}
 
 
 def _quoted_table(name: str) -> exp.Table:
@@ -623,6 +655,8 @@ CHECK_CACHE_SIZE = 1024
 def _check_for(plan: QueryPlan, dialect: str, counts_groups: bool) -> BoundCheck:
     """The bound check of a plan's table and keys, built once per table policy, keys and
     bounds (building it costs about as much as the statement)."""
+    # a check reads the table by its name: never the table of a subquery of values per unit
+    assert plan.analysis.per_unit is None, "a table of one row per unit needs no check"
     analysis, bound = plan.analysis, plan.contribution
     table = analysis.table
     key = (dialect, id(table), bound.privacy_unit, bound.max_rows, bound.max_groups,
@@ -745,6 +779,7 @@ def _excess_statement(plan: QueryPlan, dialect: str) -> str:
     """A whole table's bounded COUNT(*), for each of the plan's measurements: its rows
     less the rows bounding drops, Σ max(n − max_rows, 0) over the units' row counts n,
     which the bound check reads (`BoundCheck.excess`) and the caller binds as $1."""
+    assert plan.analysis.per_unit is None, "a table of one row per unit needs no check"
     count = exp.Sub(this=exp.Count(this=exp.Star()),
                     expression=exp.cast(exp.Parameter(this=exp.Literal.number(1)), _BIGINT))
     outer = exp.select(*(exp.alias_(count.copy(), m.column) for m in plan.measurements),
@@ -839,6 +874,8 @@ def _statement_tree(plan: QueryPlan, dialect: str, bounded: bool, late: bool = F
     if not inner_items:  # COUNT(*) alone, without a privacy unit, needs no column
         inner_items.append(exp.alias_(exp.Literal.number(1), "__row"))
     base: exp.Expression = exp.to_table(table.name, quoted=True)
+    if analysis.per_unit is not None:
+        base = per_unit_source(analysis.per_unit, dialect)
     if analysis.joins:
         base = joined_source(analysis, row_ids).subquery("joined", copy=False)
     inner = exp.select(*inner_items, copy=False).from_(base, copy=False)

@@ -771,7 +771,7 @@ REJECTED = [
     Rejected("exists", "SELECT COUNT(*) FROM adult WHERE EXISTS (SELECT 1 FROM visits)",
              "0A000", ("subquer",)),
     Rejected("cte", "WITH t AS (SELECT age, COUNT(*) AS n FROM adult GROUP BY age) "
-             "SELECT SUM(n) FROM t", "0A000", ("WITH",)),
+             "SELECT SUM(n) FROM t", "0A000", ("value per age (GROUP BY age)",)),
     Rejected("join_private", "SELECT COUNT(*) FROM adult JOIN visits USING (person_id)",
              "42501", ("two private tables",), ("public",)),
     Rejected("join_self", "SELECT COUNT(*) FROM adult a JOIN adult b USING (occupation)",

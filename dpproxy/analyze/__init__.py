@@ -85,6 +85,7 @@ from .inline import inline
 from .joins import Join, resolve_joins
 from .keys import enumerable, key_type, key_values
 from .ldp import local_aggregate, raw_read_error, reject_raw_local, rows_are_public
+from .per_unit import PerUnit, derive, grouped_column
 
 __all__ = ["AggregateCall", "Analysis", "ConstantQuery", "GroupKey", "Join", "OrderItem",
            "Output", "analyze"]
@@ -140,13 +141,17 @@ class Analysis:
     joins: tuple[Join, ...] = ()
     # window function calls over the released groups, which outputs and ORDER BY read
     windows: tuple[WindowCall, ...] = ()
+    # FROM a subquery of values per unit: `table` is its table of one row per unit
+    per_unit: PerUnit | None = None
 
     @property
     def regular_expressions(self) -> frozenset[tuple[str, bool]]:
         """Every (pattern, case-insensitive) the backend statement matches rows with: in
-        WHERE, group keys and aggregate arguments."""
+        WHERE, group keys, aggregate arguments and a subquery of values per unit."""
         nodes = [self.where, *(k.expression for k in self.keys),
                  *(s.argument for s in self.statistics)]
+        if self.per_unit is not None:
+            nodes += [self.per_unit.where, *(v.argument for v in self.per_unit.values)]
         return frozenset(
             (match.expression.this, isinstance(match, exp.RegexpILike))
             for node in nodes if node is not None
@@ -236,6 +241,7 @@ def analyze(select: exp.Expression, policy: Policy, analyst: AnalystPolicy
     """Check a parsed (parameter-bound) query and describe what it measures."""
     statement = select.sql("postgres")  # as written: the audit log and the ledger keep it
     select = inline(select)  # a row-level subquery or WITH query in FROM, merged in
+    select, per_unit_source = _detach_per_unit(select)
     _check_shape(select)
     assert isinstance(select, exp.Select)
     select = fold_ages(fold_width_buckets(select))
@@ -243,7 +249,7 @@ def analyze(select: exp.Expression, policy: Policy, analyst: AnalystPolicy
         return _constant_query(select, statement)
     select = _fold_any(_fold_filters(_fold_within_group(select)))
     select, window_nodes = extract(select)
-    table, alias = _resolve_table(select, policy, analyst)
+    table, alias, per_unit = _resolve_table(select, policy, analyst, per_unit_source)
     joins: tuple[Join, ...] = ()
     if select.args.get("joins"):
         select, table, joins = resolve_joins(select, table, alias, policy, analyst)
@@ -269,7 +275,7 @@ def analyze(select: exp.Expression, policy: Policy, analyst: AnalystPolicy
     _check_date_values(aggregates, outputs, having, order, calls)
     limit, offset = _limit_offset(select)
     analysis = Analysis(table, where, keys, statistics, aggregates, outputs, having, order,
-                        limit, offset, statement, joins, calls)
+                        limit, offset, statement, joins, calls, per_unit)
     if calls:
         analysis.value_types()  # refuses SUM or AVG of a window over text (42804)
     return analysis
@@ -431,8 +437,31 @@ def _quantile_literal(node: exp.Expression, function: str) -> Fraction:
 
 
 # 2 -------------------------------------------------------------------------------------------
-def _resolve_table(select: exp.Select, policy: Policy, analyst: AnalystPolicy
-                   ) -> tuple[TablePolicy, str | None]:
+def _detach_per_unit(select: exp.Expression) -> tuple[exp.Expression, exp.Subquery | None]:
+    """A FROM subquery of values per group of one column (`per_unit`) taken out of the
+    query, a table of its alias standing in its place, so that nothing of the outer
+    query's analysis reads inside it; the query as it is otherwise."""
+    source = _from_source(select)
+    if not (isinstance(source, exp.Subquery) and grouped_column(source.this) is not None):
+        return select, None
+    select = select.copy()
+    source = _from_source(select)
+    assert isinstance(source, exp.Subquery)
+    source.replace(exp.to_table(exp.to_identifier(source.alias or "subquery", quoted=True)))
+    return select, source
+
+
+def _from_source(select: exp.Expression) -> exp.Expression | None:
+    from_ = select.args.get("from_") if isinstance(select, exp.Select) else None
+    return from_.this if from_ is not None else None
+
+
+def _resolve_table(select: exp.Select, policy: Policy, analyst: AnalystPolicy,
+                   per_unit_source: exp.Subquery | None = None
+                   ) -> tuple[TablePolicy, str | None, PerUnit | None]:
+    if per_unit_source is not None:
+        per_unit = derive(select, per_unit_source, policy, analyst)
+        return per_unit.derived(), per_unit_source.alias or None, per_unit
     source = select.args["from_"].this
     if isinstance(source, exp.Subquery):
         raise NotSupportedError("subqueries in FROM are not supported",
@@ -468,7 +497,7 @@ def _resolve_table(select: exp.Select, policy: Policy, analyst: AnalystPolicy
         # refused before anything is charged: running it could only fail
         raise UndefinedTable(f'relation "{table.name}" is in the policy but not in the '
                              "database", hint="ask the data owner to fix the policy")
-    return table, source.alias or None
+    return table, source.alias or None, None
 
 
 # 3 -------------------------------------------------------------------------------------------

@@ -7,8 +7,9 @@ dbt-style SQL names the same with `WITH t AS (…)`. Where the inner query only 
 and filters rows of one table (no aggregate, GROUP BY, DISTINCT, LIMIT or window), the
 outer query over it is the very same query over the table: each of its columns is the
 inner item of that name, its WHERE is both WHEREs. `inline` writes it so, and the
-analyzer then checks it as if it had been sent that way; anything else inside FROM is
-refused as before, with a hint.
+analyzer then checks it as if it had been sent that way. A subquery grouping one table
+by one column is left in place for the analyzer (`per_unit`: values per person where that
+column is the privacy unit); anything else inside FROM is refused, with a hint.
 
 >>> import sqlglot
 >>> q = sqlglot.parse_one("SELECT d, COUNT(*) FROM (SELECT age / 10 AS d FROM adult "
@@ -25,6 +26,7 @@ from sqlglot import exp
 
 from ..errors import InvalidColumnReference, NotSupportedError, UndefinedColumn
 from ..postprocess import output_name
+from .per_unit import grouped_column
 
 # Clauses that make an inner query more than a selection of rows
 _NOT_ROW_LEVEL = {
@@ -71,33 +73,6 @@ def inline(select: exp.Expression, ctes: dict[str, exp.Expression] | None = None
     return _merge(select, source, scope, what)
 
 
-def _refuse_values_per_group(inner: exp.Select, what: str) -> None:
-    """A subquery computing a value per group of one column (per person, most often, to
-    average it outside) is refused with the one query that gives a mean per group: the
-    total over the count of distinct values of that column.
-
-    >>> from sqlglot import parse_one
-    >>> try:
-    ...     _refuse_values_per_group(parse_one(
-    ...         "SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id"), "a subquery")
-    ... except NotSupportedError as refused:
-    ...     print(refused.message)
-    a subquery computing a value per person_id (GROUP BY person_id) is not supported
-    """
-    group = inner.args.get("group")
-    keys = group.expressions if group is not None else []
-    table = _source(inner)
-    if len(keys) != 1 or not isinstance(keys[0], exp.Column) \
-            or inner.find(exp.AggFunc) is None or not isinstance(table, exp.Table):
-        return
-    key = keys[0].sql("postgres")
-    raise NotSupportedError(
-        f"{what} computing a value per {key} (GROUP BY {key}) is not supported",
-        hint=f"for a mean per {key}, divide in one query: SELECT COUNT(*) * 1.0 / "
-             f"COUNT(DISTINCT {key}) FROM {table.sql('postgres')} (SUM(x) / COUNT(DISTINCT "
-             f"{key}) for a sum per {key})")
-
-
 def _source(select: exp.Select) -> exp.Expression | None:
     from_ = select.args.get("from_")
     return from_.this if from_ is not None else None
@@ -141,7 +116,11 @@ def _merge(select: exp.Select, source: exp.Subquery, ctes: dict[str, exp.Express
                                 hint=_HINT)
     inner = inline(inner, ctes)  # a subquery or WITH query of its own, first
     assert isinstance(inner, exp.Select)
-    _refuse_values_per_group(inner, what)
+    if grouped_column(inner) is not None:
+        # values per group of one column: the analyzer reads them as a table of one row
+        # per unit where that column is the privacy unit (`per_unit`), else refuses them
+        source.set("this", inner)
+        return select
     for arg, clause in _NOT_ROW_LEVEL.items():
         if inner.args.get(arg):
             raise NotSupportedError(f"{what} with {clause} is not supported", hint=_HINT)

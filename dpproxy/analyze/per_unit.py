@@ -141,7 +141,7 @@ def derive(select: exp.Select, source: exp.Subquery, policy: Policy, analyst: An
                                     hint="filter with WHERE inside, the rest outside")
     if select.args.get("joins"):
         raise NotSupportedError(f"joins over {_WHAT} are not supported",
-                                hint="join inside the outer query's own table instead")
+                                hint="read the subquery alone; join in a query of its own")
     resolve = make_resolver(table.name, table_node.alias or None, table.columns)
     where = inner.args.get("where")
     predicate = None

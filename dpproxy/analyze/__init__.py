@@ -43,7 +43,6 @@ from ..errors import (
     NotSupportedError,
     PrivacyViolation,
     ProgrammingError,
-    UndefinedTable,
     WindowingError,
 )
 from ..parse import is_all_call
@@ -86,6 +85,7 @@ from .joins import Join, resolve_joins
 from .keys import enumerable, key_type, key_values
 from .ldp import local_aggregate, raw_read_error, reject_raw_local, rows_are_public
 from .per_unit import PerUnit, derive, grouped_column
+from .tables import private_table
 
 __all__ = ["AggregateCall", "Analysis", "ConstantQuery", "GroupKey", "Join", "OrderItem",
            "Output", "analyze"]
@@ -472,31 +472,7 @@ def _resolve_table(select: exp.Select, policy: Policy, analyst: AnalystPolicy,
     if source.args.get("sample") is not None:
         raise NotSupportedError("TABLESAMPLE is not supported",
                                 hint="contribution bounding already samples per unit")
-    if source.catalog or (source.db and source.db.lower() != "public"):
-        raise UndefinedTable(f"relation {source.sql('postgres')} does not exist",
-                             hint="tables live in schema public")
-    name = source.name
-    table = policy.tables.get(name) or next(
-        (t for t in policy.tables.values() if t.name.lower() == name.lower()), None)
-    granted = [t for t in analyst.tables]
-    if table is None:
-        raise UndefinedTable(f'relation "{name}" does not exist',
-                             hint=f"tables you may query: {', '.join(granted) or 'none'}")
-    if table.public and select.args.get("joins"):
-        raise NotSupportedError(f"{table.name} is a public lookup table: a join must start "
-                                "from the private table",
-                                hint=f"FROM <private table> JOIN {table.name} ON …")
-    if table.public:
-        raise NotSupportedError(f"{table.name} is a public lookup table; reading it directly "
-                                "is not supported yet", hint="query a private table")
-    if table.name not in analyst.tables:
-        raise PrivacyViolation(f"permission denied for table {table.name}",
-                               hint=f"tables granted to {analyst.name}: "
-                                    f"{', '.join(granted) or 'none'}")
-    if table.columns and all(c.storage == "" for c in table.columns.values()):
-        # refused before anything is charged: running it could only fail
-        raise UndefinedTable(f'relation "{table.name}" is in the policy but not in the '
-                             "database", hint="ask the data owner to fix the policy")
+    table = private_table(source, policy, analyst, joined=bool(select.args.get("joins")))
     return table, source.alias or None, None
 
 

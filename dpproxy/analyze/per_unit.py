@@ -31,7 +31,7 @@ from typing import Literal
 
 from sqlglot import exp
 
-from ..errors import NotSupportedError, PrivacyViolation, UndefinedTable
+from ..errors import NotSupportedError
 from ..policy import AnalystPolicy, ColumnPolicy, Policy, TablePolicy
 from ..postprocess import output_name
 from .expressions import (
@@ -42,6 +42,7 @@ from .expressions import (
     type_row_expression,
 )
 from .ldp import reject_raw_local
+from .tables import private_table
 
 Function = Literal["count", "count_distinct", "sum", "avg", "min", "max"]
 
@@ -132,7 +133,7 @@ def derive(select: exp.Select, source: exp.Subquery, policy: Policy, analyst: An
     if key is None or not isinstance(table_node, exp.Table):
         raise NotSupportedError("subqueries in FROM are not supported here",
                                 hint="query the table directly")
-    table = _table(table_node, policy, analyst)
+    table = private_table(table_node, policy, analyst)
     if table.privacy_unit is None or key.lower() != table.privacy_unit.lower():
         _refuse_values_per_group(key, table_node)
     for arg, clause in _NOT_PER_UNIT.items():
@@ -173,28 +174,6 @@ def derive(select: exp.Select, source: exp.Subquery, policy: Policy, analyst: An
                                 hint=f"compute one, e.g. SELECT {key}, COUNT(*) AS n …")
     _refuse_unit_outside(select, unit_names, key)
     return PerUnit(table, predicate, tuple(values), tuple(columns))
-
-
-def _table(node: exp.Table, policy: Policy, analyst: AnalystPolicy) -> TablePolicy:
-    if node.catalog or (node.db and node.db.lower() != "public"):
-        raise UndefinedTable(f"relation {node.sql('postgres')} does not exist",
-                             hint="tables live in schema public")
-    table = policy.tables.get(node.name) or next(
-        (t for t in policy.tables.values() if t.name.lower() == node.name.lower()), None)
-    granted = ", ".join(analyst.tables) or "none"
-    if table is None:
-        raise UndefinedTable(f'relation "{node.name}" does not exist',
-                             hint=f"tables you may query: {granted}")
-    if table.public:
-        raise NotSupportedError(f"{table.name} is a public lookup table; reading it directly "
-                                "is not supported yet", hint="query a private table")
-    if table.name not in analyst.tables:
-        raise PrivacyViolation(f"permission denied for table {table.name}",
-                               hint=f"tables granted to {analyst.name}: {granted}")
-    if table.columns and all(c.storage == "" for c in table.columns.values()):
-        raise UndefinedTable(f'relation "{table.name}" is in the policy but not in the '
-                             "database", hint="ask the data owner to fix the policy")
-    return table
 
 
 def _refuse_values_per_group(key: str, table: exp.Table) -> None:

@@ -44,6 +44,36 @@ REFUSED = [
                  _ADULT, "22P02", id="aggregate-argument"),
     pytest.param("SELECT CASE WHEN {} THEN 'x' ELSE 1 END AS k, COUNT(*) FROM adult "
                  "GROUP BY 1", _ADULT, "22P02", id="group-key"),
+    # what a second review found past the first fix: a literal in parentheses, the
+    # subject of IN or BETWEEN, under a minus sign or ABS, a date function's argument
+    *(pytest.param("SELECT COUNT(*) FROM adult WHERE {} AND " + where, _ADULT, "22P02",
+                   id=f"nested-{i}")
+      for i, where in enumerate([
+          "age = ('abc')", "age + ('abc') > 0", "age % ('abc') = 1", "age IN (('abc'))",
+          "LEAST(age, ('abc')) > 0", "CASE ('abc') WHEN age THEN 1 END = 1",
+          "(sex = 'Male') = ('maybe')", "'abc' IN (1, 2)", "'abc' IN (age, 2)",
+          "'abc' BETWEEN 1 AND 2", "'maybe' IN (TRUE)", "-'abc' > 0", "-(-'abc') > 0",
+          "ABS('abc') > 0"])),
+    *(pytest.param("SELECT COUNT(*) FROM visits WHERE {} AND " + where, _VISITS, "22P02",
+                   id=f"nested-date-{i}")
+      for i, where in enumerate([
+          "day > ('2024-13-45')", "day BETWEEN ('x') AND ('y')", "'x' IN (day)",
+          "GREATEST(day, ('2024-13-01')) = day", "EXTRACT(YEAR FROM ('garbage')) = 1"])),
+    pytest.param("SELECT COUNT(CASE WHEN {} AND 'x' IN (1) THEN 1 END) FROM adult", _ADULT,
+                 "22P02", id="aggregate-in-subject"),
+    # values per person: inside the subquery, and outside over its values
+    pytest.param("SELECT n, COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits WHERE "
+                 "{} AND 'abc' IN (1) GROUP BY person_id) t GROUP BY n", _VISITS, "22P02",
+                 id="per-person-where"),
+    pytest.param("SELECT COUNT(*) FROM (SELECT person_id, SUM(amount - -'abc') AS s FROM "
+                 "visits WHERE {} GROUP BY person_id) t WHERE s > 0", _VISITS, "22P02",
+                 id="per-person-value"),
+    pytest.param("SELECT COUNT(*) FROM (SELECT person_id, MAX(ABS('abc')) AS s FROM visits "
+                 "WHERE {} GROUP BY person_id) t WHERE s > 0", _VISITS, "22P02",
+                 id="per-person-abs"),
+    pytest.param("SELECT COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits WHERE {} "
+                 "GROUP BY person_id) t WHERE 'abc' IN (n)", _VISITS, "22P02",
+                 id="per-person-outside"),
     pytest.param("SELECT COUNT(*) FROM adult WHERE {} AND education ~ '[z-a]'", _ADULT,
                  "0A000", id="regex-range"),
     pytest.param("SELECT COUNT(*) FROM visits WHERE {} AND CAST(amount AS TEXT) ~ 'x{{2}}{{3}}'",
@@ -79,3 +109,13 @@ def test_literals_typed_by_their_neighbours_are_answered(engine: Engine, sql: st
     alice = engine.session("alice", epsilon=1.0)
     (value,), = alice.execute(sql).rows
     assert low <= value <= high
+
+
+def test_parameters_are_typed_alike(engine: Engine) -> None:
+    """A DB-API parameter is bound as a literal: typed by its neighbours too."""
+    alice = engine.session("alice", epsilon=1.0)
+    for person in (5, -1):
+        with pytest.raises(errors.InvalidTextRepresentation):
+            alice.execute("SELECT COUNT(*) FROM adult WHERE person_id = %s AND %s IN (1)",
+                          [person, "abc"])
+    assert alice.remaining().epsilon == pytest.approx(10.0)

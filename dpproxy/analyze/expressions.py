@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from sqlglot import exp
@@ -93,6 +93,9 @@ class ExprType:
     upper: float = INF
     integer: bool = False
     nullable: bool = True
+    # of kind "unknown": the quoted literal it is (through parentheses), which the typer
+    # records when a context reads it as a number, date or boolean (`_RowTyper.coercions`)
+    literal: exp.Literal | None = field(default=None, compare=False, repr=False)
 
     @property
     def bounded(self) -> bool:
@@ -218,6 +221,19 @@ def type_row_expression(node: exp.Expression, columns: Mapping[str, ColumnPolicy
 class _RowTyper:
     def __init__(self, resolve: Resolver) -> None:
         self.resolve = resolve
+        # id(literal) → (quoted literal, the kind a context reads it as): `coerce_literals`
+        # types each one, as PostgreSQL does when it parses (DuckDB would convert it only
+        # when a row reaches it, so whether a query failed would depend on the data)
+        self.coercions: dict[int, tuple[exp.Literal, Kind]] = {}
+
+    def _read_as(self, t: ExprType, kind: Kind) -> None:
+        if t.kind == "unknown" and t.literal is not None and kind in ("num", "date", "bool"):
+            self.coercions[id(t.literal)] = (t.literal, kind)
+
+    def _unify(self, a: ExprType, b: ExprType) -> None:
+        """Two operands compared or combined: a quoted literal is read as the other's kind."""
+        self._read_as(a, b.kind)
+        self._read_as(b, a.kind)
 
     def visit(self, node: exp.Expression) -> ExprType:
         handler = getattr(self, f"_{type(node).__name__}", None)
@@ -257,7 +273,7 @@ class _RowTyper:
 
     def _Literal(self, node: exp.Literal) -> ExprType:
         if node.is_string:
-            return ExprType("unknown", nullable=False)
+            return ExprType("unknown", nullable=False, literal=node)
         value = float(node.this)
         return _num(value, value, float(value).is_integer() and "." not in node.this
                     and "e" not in node.this.lower(), False)
@@ -284,6 +300,7 @@ class _RowTyper:
         if t.kind == "null":
             return ExprType("num")
         if t.kind == "unknown":
+            self._read_as(t, "num")
             return ExprType("num", nullable=False)  # '3' + 1 is 4 in PostgreSQL
         if t.kind != "num":
             raise DatatypeMismatch(f"{what} needs a number, got {t.kind}: {node.sql('postgres')}")
@@ -401,6 +418,8 @@ class _RowTyper:
         if len(kinds) > 1:
             raise DatatypeMismatch(f"{node.sql_name()} arguments have different types: "
                                    f"{', '.join(sorted(kinds))}")
+        for t in types:
+            self._read_as(t, next(iter(kinds)) if kinds else "text")
         if kinds and kinds != {"num"}:
             return ExprType(kinds.pop(), nullable=all(t.nullable for t in types))
         if not kinds and any(t.kind == "unknown" for t in types):
@@ -429,6 +448,8 @@ class _RowTyper:
         if len(kinds) > 1:
             raise DatatypeMismatch(f"{what} branches have different types: "
                                    f"{', '.join(sorted(kinds))}")
+        for t in types:
+            self._read_as(t, next(iter(kinds)) if kinds else "text")
         # quoted literals alone make text, as in PostgreSQL: never a value of no type that
         # DuckDB would convert to a number, date or boolean only when a row reaches it
         kind = kinds.pop() if kinds else ("text" if any(t.kind == "unknown" for t in types)
@@ -445,7 +466,9 @@ class _RowTyper:
         if node.this is not None:  # CASE x WHEN v THEN ...: compare x with each v
             subject = self.visit(node.this)
             for branch in node.args.get("ifs", []):
-                if not _compatible(subject, self.visit(branch.this)):
+                value = self.visit(branch.this)
+                self._unify(subject, value)
+                if not _compatible(subject, value):
                     raise DatatypeMismatch(f"CASE compares {subject.kind} with "
                                            f"{branch.this.sql('postgres')}")
         else:
@@ -472,6 +495,7 @@ class _RowTyper:
 
     def _Nullif(self, node: exp.Nullif) -> ExprType:
         a, b = self.visit(node.this), self.visit(node.expression)
+        self._unify(a, b)
         if not _compatible(a, b):
             raise DatatypeMismatch(f"NULLIF compares {a.kind} with {b.kind}")
         if a.kind == "unknown":
@@ -515,6 +539,7 @@ class _RowTyper:
 
     def _comparison(self, node: exp.Expression) -> ExprType:
         a, b = self.visit(node.this), self.visit(node.expression)
+        self._unify(a, b)
         if not _compatible(a, b):
             raise DatatypeMismatch(
                 f"cannot compare {a.kind} with {b.kind}: {node.sql('postgres')}",
@@ -550,8 +575,14 @@ class _RowTyper:
             raise NotSupportedError("IN (subquery) is not supported",
                                     hint="list the values: x IN ('a', 'b')")
         subject = self.visit(node.this)
-        for item in node.expressions:
-            if not _compatible(subject, self.visit(item)):
+        items = [self.visit(item) for item in node.expressions]
+        typed = next((t for t in items if t.kind not in ("unknown", "null")), None)
+        for t in items:
+            self._unify(subject, t)
+        if typed is not None:  # 'abc' IN (age, 2): the subject is read as the items are
+            self._read_as(subject, typed.kind)
+        for item, t in zip(node.expressions, items, strict=True):
+            if not _compatible(subject, t):
                 raise DatatypeMismatch(f"IN list item {item.sql('postgres')} does not match "
                                        f"{subject.kind}")
         return ExprType("bool")
@@ -559,7 +590,9 @@ class _RowTyper:
     def _Between(self, node: exp.Between) -> ExprType:
         subject = self.visit(node.this)
         for bound in (node.args["low"], node.args["high"]):
-            if not _compatible(subject, self.visit(bound)):
+            t = self.visit(bound)
+            self._unify(subject, t)
+            if not _compatible(subject, t):
                 raise DatatypeMismatch(f"BETWEEN bound {bound.sql('postgres')} does not match "
                                        f"{subject.kind}")
         return ExprType("bool")
@@ -627,6 +660,7 @@ class _RowTyper:
 
     def _Extract(self, node: exp.Extract) -> ExprType:
         source = self.visit(node.expression)
+        self._read_as(source, "date")
         if source.kind not in ("date", "unknown"):
             raise DatatypeMismatch(f"EXTRACT needs a date, got {source.kind}")
         part = node.this.name.lower()
@@ -645,6 +679,7 @@ class _RowTyper:
             raise InvalidParameterValue(f"DATE_TRUNC unit {unit.name!r} is not recognized",
                                         hint=f"units: {', '.join(DATE_TRUNC_UNITS)}")
         source = self.visit(value)
+        self._read_as(source, "date")
         if source.kind not in ("date", "unknown"):
             raise DatatypeMismatch(f"DATE_TRUNC needs a date, got {source.kind}")
         return ExprType("date", nullable=source.nullable)
@@ -658,6 +693,7 @@ class _RowTyper:
     def _TimeToStr(self, node: exp.TimeToStr) -> ExprType:
         """TO_CHAR(date, 'format'): text, NULL outside the years `to_char` reads."""
         source = self.visit(node.this)
+        self._read_as(source, "date")
         if source.kind not in ("date", "unknown", "null"):
             raise DatatypeMismatch(f"TO_CHAR needs a date here, got {source.kind}",
                                    hint="format numbers with CAST(… AS TEXT)")
@@ -868,7 +904,23 @@ def coerce_literals(node: exp.Expression, columns: Mapping[str, ColumnPolicy] | 
             n.set(key, value)
         return n
 
-    return node.transform(swap)
+    swapped = node.transform(swap)
+    # What the pass above does not reach (a literal in parentheses, the subject of IN or
+    # BETWEEN, under a minus sign or ABS, a date function's argument): every quoted
+    # literal the typer read as a number, date or boolean is typed, or refused, here.
+    reader = _RowTyper(typer.resolve)
+    reader.visit(swapped)
+    if not reader.coercions:
+        return swapped
+    if id(swapped) in reader.coercions:
+        literal, kind = reader.coercions[id(swapped)]
+        return _typed_literal(literal, kind)  # type: ignore[arg-type]
+
+    def typed(n: exp.Expression) -> exp.Expression:
+        coercion = reader.coercions.get(id(n))
+        return n if coercion is None else _typed_literal(n, coercion[1])  # type: ignore[arg-type]
+
+    return swapped.transform(typed, copy=False)
 
 
 def _sibling_kind(operands: list[exp.Expression], kind_of: Callable[[exp.Expression], Kind]

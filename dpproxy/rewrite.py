@@ -578,6 +578,13 @@ def per_unit_source(per_unit: PerUnit, dialect: str) -> exp.Expression:
             call = exp.Count(this=exp.Star())
         elif value.function == "count_distinct":
             call = exp.Count(this=exp.Distinct(expressions=[argument]))
+        elif value.function in ("sum", "avg"):
+            # summed in NUMERIC on PostgreSQL (DOUBLE PRECISION raises on overflow, and
+            # AVG's sum of squares overflows from about 1e154) and in DOUBLE on DuckDB
+            # (a HUGEINT sum raises): a total beyond the range is inf or huge, never an
+            # error that only some rows would cause; the outer query clamps it anyway
+            number = exp.DataType.build("DECIMAL") if dialect == "postgres" else _DOUBLE
+            call = _PER_UNIT_CALLS[value.function](this=exp.cast(argument, number.copy()))
         else:
             call = _PER_UNIT_CALLS[value.function](this=argument)
         items.append(exp.alias_(call, value.name, quoted=True))

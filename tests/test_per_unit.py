@@ -80,7 +80,8 @@ def test_a_person_is_one_row_whatever_their_rows(tmp_path: Path, make_policy: Po
     rows = [(p, (1, 2, 3, 50)[p % 4]) for p in range(400)]
     answers = []
     for extra in ([], [(1000, 50)], [(1000, 1)]):
-        source = _visits_table(tmp_path, backend_kind, request, rows + extra, len(answers))
+        values = [(person, 10.0) for person, visits in rows + extra for _ in range(visits)]
+        source = _visits_table(tmp_path, backend_kind, request, values, len(answers))
         policy = make_policy(text=_policy(source, tmp_path, len(answers)))
         with Engine.from_path(policy) as engine:
             alice = engine.session("alice", epsilon=1e4)
@@ -94,10 +95,9 @@ def test_a_person_is_one_row_whatever_their_rows(tmp_path: Path, make_policy: Po
 
 
 def _visits_table(tmp_path: Path, backend_kind: str, request: Any,
-                  people: list[tuple[int, int]], n: int) -> str:
-    """A table visits(person_id, amount) with each (person, visits) as that many rows, in
-    a DuckDB file or a scratch PostgreSQL database; the policy's [backend] lines."""
-    values = [(person, 10.0) for person, visits in people for _ in range(visits)]
+                  values: list[tuple[int, float]], n: int) -> str:
+    """A table visits(person_id, amount) of these rows, in a DuckDB file or a scratch
+    PostgreSQL database; the policy's [backend] lines."""
     if backend_kind == "duckdb":
         path = tmp_path / f"visits{n}.duckdb"
         with duckdb.connect(str(path)) as con:
@@ -142,6 +142,28 @@ amount = {{ type = "float", lower = 0, upper = 100, nullable = false }}
 budget = {{ epsilon = 1e9, delta = 1e-5 }}
 tables = ["visits"]
 """
+
+
+def test_sums_per_person_beyond_the_float_range(tmp_path: Path, make_policy: PolicyFactory,
+                                                 backend_kind: str, request: Any) -> None:
+    """Values far outside the policy's bounds (amount in [0, 100]) neither overflow nor
+    raise, whichever person the WHERE picks: person 7's AVG (whose sum of squares would
+    pass 1e308 in DOUBLE PRECISION) and person 8's SUM (2e308) are summed in NUMERIC on
+    PostgreSQL, in DOUBLE on DuckDB (inf), and clamped outside to the derived bounds."""
+    values = [(7, 1e160), (7, 1e160), (8, 1e308), (8, 1e308), *((p, 1.0) for p in range(20))]
+    source = _visits_table(tmp_path, backend_kind, request, values, 0)
+    with Engine.from_path(make_policy(text=_policy(source, tmp_path, 0))) as engine:
+        alice = engine.session("alice", epsilon=1e4)
+        for person in (7, 8, 1):
+            for value in ("AVG(amount)", "SUM(amount)"):
+                (count,), = alice.execute(
+                    f"SELECT COUNT(*) FROM (SELECT person_id, {value} AS s FROM visits "
+                    f"WHERE person_id = {person} GROUP BY person_id) t WHERE s > 0").rows
+                assert count == 1  # the one person picked
+                (total,), = alice.execute(
+                    f"SELECT SUM(LEAST(s, 100)) FROM (SELECT person_id, {value} AS s FROM "
+                    f"visits WHERE person_id = {person} GROUP BY person_id) t").rows
+                assert total == pytest.approx(100 if person != 1 else 1, abs=0.1)
 
 
 def test_a_with_query_of_values_per_person(rich: Engine) -> None:
@@ -191,6 +213,11 @@ def test_the_charge_is_the_tables(make_policy: PolicyFactory) -> None:
      "WHERE person_id > 3", errors.NotSupportedError, "identifies a person"),
     ("SELECT p, COUNT(*) FROM (SELECT person_id AS p, COUNT(*) AS n FROM visits GROUP BY "
      "person_id) t GROUP BY p", errors.NotSupportedError, "identifies a person"),
+    # AS t(a, b) renames by position: here the unit's column becomes n
+    ("SELECT COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) "
+     "t(n, a) WHERE n > 3", errors.NotSupportedError, "identifies a person"),
+    ("SELECT COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY "
+     "adult.person_id) t", errors.UndefinedColumn, "adult"),
     # an unbounded value is clamped before it is averaged
     ("SELECT AVG(n) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t",
      errors.PrivacyViolation, "AVG(LEAST(GREATEST(n, 1), <upper>))"),

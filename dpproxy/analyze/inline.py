@@ -119,6 +119,10 @@ def _merge(select: exp.Select, source: exp.Subquery, ctes: dict[str, exp.Express
     if grouped_column(inner) is not None:
         # values per group of one column: the analyzer reads them as a table of one row
         # per unit where that column is the privacy unit (`per_unit`), else refuses them
+        alias = source.args.get("alias")
+        if alias is not None and alias.columns:  # AS t(a, b): its columns, renamed
+            inner = _renamed(inner, alias.columns, what)
+            alias.set("columns", None)
         source.set("this", inner)
         return select
     for arg, clause in _NOT_ROW_LEVEL.items():

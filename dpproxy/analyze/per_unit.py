@@ -31,7 +31,7 @@ from typing import Literal
 
 from sqlglot import exp
 
-from ..errors import NotSupportedError
+from ..errors import NotSupportedError, UndefinedColumn
 from ..policy import AnalystPolicy, ColumnPolicy, Policy, TablePolicy
 from ..postprocess import output_name
 from .expressions import (
@@ -134,6 +134,11 @@ def derive(select: exp.Select, source: exp.Subquery, policy: Policy, analyst: An
         raise NotSupportedError("subqueries in FROM are not supported here",
                                 hint="query the table directly")
     table = private_table(table_node, policy, analyst)
+    group_column = inner.args["group"].expressions[0]
+    if group_column.table and group_column.table.lower() not in (
+            table_node.name.lower(), table_node.alias_or_name.lower()):
+        raise UndefinedColumn(f"missing FROM-clause entry for table {group_column.table!r}",
+                              hint=f"the subquery reads {table_node.alias_or_name}")
     if table.privacy_unit is None or key.lower() != table.privacy_unit.lower():
         _refuse_values_per_group(key, table_node)
     for arg, clause in _NOT_PER_UNIT.items():

@@ -101,8 +101,32 @@ def day_number(day: dt.date) -> int:
 
 
 def date_of_day(number: float) -> str:
-    """The ISO date of a day number (rounded to a whole day), as date keys are released."""
-    return (EPOCH + dt.timedelta(days=round(number))).isoformat()
+    """The ISO date of a day number (rounded to a whole day), as date keys are released;
+    outside Python's years 1–9999 as PostgreSQL writes it (`10000-01-01`, `0044-03-15 BC`).
+
+    >>> date_of_day(0), date_of_day(2932897), date_of_day(-721000)
+    ('1970-01-01', '10000-01-01', '0006-12-21 BC')
+    """
+    days = round(number)
+    if _FIRST_DAY <= days <= _LAST_DAY:
+        return (EPOCH + dt.timedelta(days=days)).isoformat()
+    # the proleptic Gregorian calendar for any day (H. Hinnant's civil_from_days)
+    z = days + 719468
+    era = z // 146097
+    doe = z - era * 146097
+    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    day = doy - (153 * mp + 2) // 5 + 1
+    month = mp + 3 if mp < 10 else mp - 9
+    year = yoe + era * 400 + (month <= 2)
+    if year <= 0:  # 1 BC is year 0
+        return f"{1 - year:04d}-{month:02d}-{day:02d} BC"
+    return f"{year:04d}-{month:02d}-{day:02d}"
+
+
+_FIRST_DAY = (dt.date.min - EPOCH).days
+_LAST_DAY = (dt.date.max - EPOCH).days
 
 
 def check_interval_literals(tokens: Sequence[Token]) -> None:

@@ -119,3 +119,13 @@ def test_parameters_are_typed_alike(engine: Engine) -> None:
             alice.execute("SELECT COUNT(*) FROM adult WHERE person_id = %s AND %s IN (1)",
                           [person, "abc"])
     assert alice.remaining().epsilon == pytest.approx(10.0)
+
+
+def test_extreme_constants_are_refused_or_answered(engine: Engine) -> None:
+    """ROUND to 10^-9999 is refused by the analyzer (0A000), not by a Python overflow;
+    a date pushed past year 9999 by constant days is released as PostgreSQL writes it."""
+    alice = engine.session("alice", epsilon=1.0)
+    with pytest.raises(errors.NotSupportedError):
+        alice.execute("SELECT COUNT(*) FROM adult WHERE ROUND(age, -9999) = 0")
+    (latest,), = alice.execute("SELECT MAX(day + 999999 + 999999 + 999999) FROM visits").rows
+    assert str(latest).startswith("1023")  # 2024 + 2,999,997 days: in year 10238

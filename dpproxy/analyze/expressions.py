@@ -388,6 +388,9 @@ class _RowTyper:
             d_or_none = constant_digits(digits)
             if d_or_none is None:
                 raise NotSupportedError(f"{name} takes a constant number of digits")
+            if abs(d_or_none) > 300:
+                raise NotSupportedError(f"{name} takes between -300 and 300 digits",
+                                        hint="beyond them every double rounds alike")
             d = d_or_none
         step = 10.0 ** min(-d, 300)
         return replace(t, lower=t.lower - step, upper=t.upper + step, integer=d <= 0)

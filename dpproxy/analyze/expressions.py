@@ -235,6 +235,21 @@ class _RowTyper:
         self._read_as(a, b.kind)
         self._read_as(b, a.kind)
 
+    def _read_all(self, types: list[ExprType]) -> Kind | None:
+        """Operands compared with one another (IN's subject and items, BETWEEN's, CASE x
+        WHEN's): every quoted literal among them is read as the first typed one's kind,
+        which it returns (None: no operand is typed)."""
+        kinds = {t.kind for t in types} - {"unknown", "null"}
+        if len(kinds) > 1:  # '%' IN (occupation, 3): PostgreSQL finds no common type
+            raise DatatypeMismatch(f"values of different types compared: "
+                                   f"{', '.join(sorted(kinds))}",
+                                   hint="compare values of one type, or CAST one side")
+        kind = next(iter(kinds), None)
+        if kind is not None:
+            for t in types:
+                self._read_as(t, kind)
+        return kind
+
     def visit(self, node: exp.Expression) -> ExprType:
         handler = getattr(self, f"_{type(node).__name__}", None)
         if handler is not None:
@@ -388,9 +403,9 @@ class _RowTyper:
             d_or_none = constant_digits(digits)
             if d_or_none is None:
                 raise NotSupportedError(f"{name} takes a constant number of digits")
-            if abs(d_or_none) > 300:
-                raise NotSupportedError(f"{name} takes between -300 and 300 digits",
-                                        hint="beyond them every double rounds alike")
+            if d_or_none < -300:
+                raise NotSupportedError(f"{name} takes at least -300 digits",
+                                        hint="to 10^300 and beyond every double rounds to 0")
             d = d_or_none
         step = 10.0 ** min(-d, 300)
         return replace(t, lower=t.lower - step, upper=t.upper + step, integer=d <= 0)
@@ -468,9 +483,9 @@ class _RowTyper:
     def _Case(self, node: exp.Case) -> ExprType:
         if node.this is not None:  # CASE x WHEN v THEN ...: compare x with each v
             subject = self.visit(node.this)
-            for branch in node.args.get("ifs", []):
-                value = self.visit(branch.this)
-                self._unify(subject, value)
+            values = [self.visit(branch.this) for branch in node.args.get("ifs", [])]
+            self._read_all([subject, *values])
+            for branch, value in zip(node.args.get("ifs", []), values, strict=True):
                 if not _compatible(subject, value):
                     raise DatatypeMismatch(f"CASE compares {subject.kind} with "
                                            f"{branch.this.sql('postgres')}")
@@ -498,11 +513,11 @@ class _RowTyper:
 
     def _Nullif(self, node: exp.Nullif) -> ExprType:
         a, b = self.visit(node.this), self.visit(node.expression)
-        self._unify(a, b)
+        kind = self._read_all([a, b])
         if not _compatible(a, b):
             raise DatatypeMismatch(f"NULLIF compares {a.kind} with {b.kind}")
-        if a.kind == "unknown":
-            return ExprType("text")  # as _union's
+        if a.kind == "unknown":  # a literal read as b's kind, or text as _union's
+            return ExprType(kind or "text")
         return replace(a, nullable=True)
 
     def _cast(self, node: exp.Cast | exp.TryCast) -> ExprType:
@@ -579,11 +594,7 @@ class _RowTyper:
                                     hint="list the values: x IN ('a', 'b')")
         subject = self.visit(node.this)
         items = [self.visit(item) for item in node.expressions]
-        typed = next((t for t in items if t.kind not in ("unknown", "null")), None)
-        for t in items:
-            self._unify(subject, t)
-        if typed is not None:  # 'abc' IN (age, 2): the subject is read as the items are
-            self._read_as(subject, typed.kind)
+        self._read_all([subject, *items])  # '5' IN (age, 'x'): all read as numbers
         for item, t in zip(node.expressions, items, strict=True):
             if not _compatible(subject, t):
                 raise DatatypeMismatch(f"IN list item {item.sql('postgres')} does not match "
@@ -592,9 +603,9 @@ class _RowTyper:
 
     def _Between(self, node: exp.Between) -> ExprType:
         subject = self.visit(node.this)
-        for bound in (node.args["low"], node.args["high"]):
-            t = self.visit(bound)
-            self._unify(subject, t)
+        bounds = [self.visit(node.args["low"]), self.visit(node.args["high"])]
+        self._read_all([subject, *bounds])
+        for bound, t in zip((node.args["low"], node.args["high"]), bounds, strict=True):
             if not _compatible(subject, t):
                 raise DatatypeMismatch(f"BETWEEN bound {bound.sql('postgres')} does not match "
                                        f"{subject.kind}")

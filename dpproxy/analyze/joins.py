@@ -41,6 +41,7 @@ from ..errors import (
 from ..policy import AnalystPolicy, ColumnPolicy, Policy, TablePolicy
 from ..postprocess import output_name
 from .ldp import raw_read_error
+from .tables import named_table
 
 __all__ = ["Join", "resolve_joins"]
 
@@ -152,15 +153,10 @@ def resolve_joins(select: exp.Select, private: TablePolicy, alias: str | None, p
 
 
 def _table_of(node: exp.Table, policy: Policy) -> TablePolicy:
-    if node.catalog or (node.db and node.db.lower() != "public"):
-        raise UndefinedTable(f"relation {node.sql('postgres')} does not exist",
-                             hint="tables live in schema public")
-    name = node.name
-    table = policy.tables.get(name) or next(
-        (t for t in policy.tables.values() if t.name.lower() == name.lower()), None)
+    table = named_table(node, policy)
     if table is None:
         public = [t.name for t in policy.tables.values() if t.public]
-        raise UndefinedTable(f'relation "{name}" does not exist',
+        raise UndefinedTable(f'relation "{node.name}" does not exist',
                              hint=f"public tables you may join: {', '.join(public) or 'none'}")
     return table
 

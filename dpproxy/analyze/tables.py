@@ -14,15 +14,10 @@ def private_table(source: exp.Table, policy: Policy, analyst: AnalystPolicy,
     public), or the refusal saying why it may not be read: unknown, a public lookup table
     (`joined`: the query joins it to others), not granted to `analyst`, or missing from
     the database. Raised before anything is charged."""
-    if source.catalog or (source.db and source.db.lower() != "public"):
-        raise UndefinedTable(f"relation {source.sql('postgres')} does not exist",
-                             hint="tables live in schema public")
-    name = source.name
-    table = policy.tables.get(name) or next(
-        (t for t in policy.tables.values() if t.name.lower() == name.lower()), None)
+    table = named_table(source, policy)
     granted = ", ".join(analyst.tables) or "none"
     if table is None:
-        raise UndefinedTable(f'relation "{name}" does not exist',
+        raise UndefinedTable(f'relation "{source.name}" does not exist',
                              hint=f"tables you may query: {granted}")
     if table.public and joined:
         raise NotSupportedError(f"{table.name} is a public lookup table: a join must start "
@@ -39,3 +34,13 @@ def private_table(source: exp.Table, policy: Policy, analyst: AnalystPolicy,
         raise UndefinedTable(f'relation "{table.name}" is in the policy but not in the '
                              "database", hint="ask the data owner to fix the policy")
     return table
+
+
+def named_table(source: exp.Table, policy: Policy) -> TablePolicy | None:
+    """The policy's table `source` names, exactly, else case-insensitively; None if it
+    names none; UndefinedTable for a schema other than public."""
+    if source.catalog or (source.db and source.db.lower() != "public"):
+        raise UndefinedTable(f"relation {source.sql('postgres')} does not exist",
+                             hint="tables live in schema public")
+    return policy.tables.get(source.name) or next(
+        (t for t in policy.tables.values() if t.name.lower() == source.name.lower()), None)

@@ -886,27 +886,6 @@ def coerce_literals(node: exp.Expression, columns: Mapping[str, ColumnPolicy] | 
                     if isinstance(n, exp.Add | exp.Sub) and kind == "date":
                         kind = "num"  # day + '7'
                     pairs.append((mine, _retyped(target, kind)))
-        elif isinstance(n, exp.Least | exp.Greatest | exp.Coalesce):
-            kind = _sibling_kind([n.this, *n.expressions], kind_of)
-            pairs.append(("this", _retyped(n.this, kind)))
-            n.set("expressions", [_retyped(e, kind) for e in n.expressions])
-        elif isinstance(n, exp.Nullif | exp.If):
-            keys = ("this", "expression") if isinstance(n, exp.Nullif) else ("true", "false")
-            kind = _sibling_kind([n.args[k] for k in keys if n.args.get(k) is not None],
-                                 kind_of)
-            pairs.extend((k, _retyped(n.args[k], kind)) for k in keys
-                         if n.args.get(k) is not None)
-        elif isinstance(n, exp.Case):
-            for branch in n.args.get("ifs") or ():
-                if n.this is not None:  # CASE x WHEN v: each v is compared with x
-                    for key, value in _alike_pair(n.this, branch.this, kind_of):
-                        branch.set("this", value) if key == "b" else n.set("this", value)
-            results = [(b, "true") for b in n.args.get("ifs") or ()]
-            if n.args.get("default") is not None:
-                results.append((n, "default"))
-            kind = _sibling_kind([owner.args[key] for owner, key in results], kind_of)
-            for owner, key in results:
-                owner.set(key, _retyped(owner.args[key], kind))
         elif isinstance(n, exp.In | exp.Between):
             kind = kind_of(n.this)
             if isinstance(n, exp.In):
@@ -919,9 +898,9 @@ def coerce_literals(node: exp.Expression, columns: Mapping[str, ColumnPolicy] | 
         return n
 
     swapped = node.transform(swap)
-    # What the pass above does not reach (a literal in parentheses, the subject of IN or
-    # BETWEEN, under a minus sign or ABS, a date function's argument): every quoted
-    # literal the typer read as a number, date or boolean is typed, or refused, here.
+    # Everywhere else (LEAST, COALESCE, NULLIF, CASE, a literal in parentheses, the subject
+    # of IN or BETWEEN, under a minus sign or ABS, a date function's argument): every
+    # quoted literal the typer read as a number, date or boolean is typed, or refused.
     reader = _RowTyper(typer.resolve)
     reader.visit(swapped)
     if not reader.coercions:
@@ -935,28 +914,6 @@ def coerce_literals(node: exp.Expression, columns: Mapping[str, ColumnPolicy] | 
         return n if coercion is None else _typed_literal(n, coercion[1])  # type: ignore[arg-type]
 
     return swapped.transform(typed, copy=False)
-
-
-def _sibling_kind(operands: list[exp.Expression], kind_of: Callable[[exp.Expression], Kind]
-                  ) -> Kind:
-    """The type quoted literals among these operands take (as PostgreSQL resolves a
-    CASE's, COALESCE's or LEAST's type): the first typed operand's."""
-    for operand in operands:
-        if operand is not None and not _is_text_literal(operand):
-            kind = kind_of(operand)
-            if kind in ("num", "date", "bool", "text"):
-                return kind
-    return "unknown"
-
-
-def _alike_pair(a: exp.Expression, b: exp.Expression,
-                kind_of: Callable[[exp.Expression], Kind]) -> list[tuple[str, exp.Expression]]:
-    """A quoted literal compared with a typed operand, retyped: ("a" or "b", literal)."""
-    if _is_text_literal(b) and not _is_text_literal(a):
-        return [("b", _retyped(b, kind_of(a)))]
-    if _is_text_literal(a) and not _is_text_literal(b):
-        return [("a", _retyped(a, kind_of(b)))]
-    return []
 
 
 def _retyped(node: exp.Expression, kind: Kind) -> exp.Expression:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -827,13 +828,17 @@ def _is_text_literal(node: exp.Expression) -> bool:
     return isinstance(node, exp.Literal) and node.is_string
 
 
+_NUMBER_TEXT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
 def _typed_literal(node: exp.Literal, kind: Kind) -> exp.Expression:
     """The literal read as `kind`, or a 22P02 rejection naming it."""
     text = node.this.strip()
     try:
         if kind == "num":
-            float(text)
-            if text.lower() in ("nan", "inf", "-inf", "infinity", "-infinity", "+inf"):
+            # as PostgreSQL 15 reads a number (Python's float() would take 1_000 or inf,
+            # which the backend statement could then not parse)
+            if not _NUMBER_TEXT.fullmatch(text):
                 raise ValueError(text)
             return exp.Literal.number(text)
         if kind == "date":

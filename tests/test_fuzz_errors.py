@@ -219,8 +219,9 @@ class Grammar:
         return template.replace("@", met), template.replace("@", unmet)
 
 
-def pairs(seed: int, count: int) -> Iterator[tuple[str, str]]:
-    grammar, seen = Grammar(seed), set()
+def pairs(seed: int, count: int, grammar_class: type[Grammar] = Grammar
+          ) -> Iterator[tuple[str, str]]:
+    grammar, seen = grammar_class(seed), set()
     while len(seen) < count:
         pair = grammar.query_pair()
         if pair not in seen:  # a repeat would be answered from the cache, uncharged
@@ -242,11 +243,12 @@ def outcome(session: Session, sql: str) -> str:
     return f"{ended}, {'charged' if charged else 'not charged'}"
 
 
-def mismatches(session: Session, seed: int, count: int) -> tuple[list[str], int]:
+def mismatches(session: Session, seed: int, count: int,
+               grammar_class: type[Grammar] = Grammar) -> tuple[list[str], int]:
     """Each pair whose two outcomes differ, or where something escaped; and how many
     pairs were answered (the grammar must reach the backend often enough to matter)."""
     found, answered = [], 0
-    for met, unmet in pairs(seed, count):
+    for met, unmet in pairs(seed, count, grammar_class):
         first, second = outcome(session, met), outcome(session, unmet)
         answered += first.startswith("answered")
         if first != second or "ESCAPED" in first + second:

@@ -14,7 +14,7 @@ Deterministic (fixed seed, fixed demo data). 600 pairs per backend."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,7 +32,7 @@ from .test_fuzz_errors import (
     NUMBER_COLUMNS,
     TEXT_COLUMNS,
     Grammar,
-    outcome,
+    mismatches,
 )
 from .test_server_support import BIG_BUDGET
 
@@ -211,25 +211,11 @@ class PerUnitGrammar(Grammar):
         return sql.replace("@", met), sql.replace("@", unmet)
 
 
-def pairs(seed: int, count: int) -> Iterator[tuple[str, str]]:
-    grammar, seen = PerUnitGrammar(seed), set()
-    while len(seen) < count:
-        pair = grammar.query_pair()
-        if pair not in seen:  # a repeat would be answered from the cache, uncharged
-            seen.add(pair)
-            yield pair
-
-
 @pytest.mark.parametrize(("seed", "count"), [(20261215, 600)])
 def test_per_person_outcome_does_not_depend_on_whether_a_row_is_reached(
         make_policy: Callable[..., Path], seed: int, count: int) -> None:
-    found, answered = [], 0
     with Engine.from_path(make_policy(BIG_BUDGET)) as engine:
         session = engine.session("alice", epsilon=1.0)
-        for met, unmet in pairs(seed, count):
-            first, second = outcome(session, met), outcome(session, unmet)
-            answered += first.startswith("answered")
-            if first != second or "ESCAPED" in first + second:
-                found.append(f"{met}\n  -> {first}\n{unmet}\n  -> {second}")
+        found, answered = mismatches(session, seed, count, PerUnitGrammar)
     assert not found, f"{len(found)} data-dependent outcomes:\n\n" + "\n\n".join(found)
     assert answered >= count // 10, answered  # enough pairs run on the backend

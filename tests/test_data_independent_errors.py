@@ -74,6 +74,15 @@ REFUSED = [
     pytest.param("SELECT COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits WHERE {} "
                  "GROUP BY person_id) t WHERE 'abc' IN (n)", _VISITS, "22P02",
                  id="per-person-outside"),
+    # arguments a handler overlooked reach no backend: any function there could fail
+    # only where a row reaches it (a third review: TRIM's characters, DATE_TRUNC's zone)
+    pytest.param("SELECT COUNT(*) FROM adult WHERE {} AND TRIM(BOTH REPEAT(sex, '1000000000') "
+                 "FROM sex) = 'Male'", _ADULT, "0A000", id="trim-characters"),
+    pytest.param("SELECT COUNT(*) FROM adult WHERE {} AND TRIM(sex, REPEAT(sex, '1000000000')) "
+                 "= 'Male'", _ADULT, "0A000", id="trim-two-arguments"),
+    pytest.param("SELECT COUNT(*) FROM visits WHERE {} AND DATE_TRUNC('day', day, SPLIT_PART("
+                 "CAST(day AS TEXT), '-', '0')) > DATE '2024-01-01'", _VISITS, "0A000",
+                 id="date-trunc-zone"),
     pytest.param("SELECT COUNT(*) FROM adult WHERE {} AND education ~ '[z-a]'", _ADULT,
                  "0A000", id="regex-range"),
     pytest.param("SELECT COUNT(*) FROM visits WHERE {} AND CAST(amount AS TEXT) ~ 'x{{2}}{{3}}'",

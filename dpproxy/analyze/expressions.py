@@ -219,6 +219,12 @@ def type_row_expression(node: exp.Expression, columns: Mapping[str, ColumnPolicy
     return _RowTyper(resolve).visit(node)
 
 
+def _no_zone(node: exp.Expression) -> None:
+    if node.args.get("zone") is not None:
+        raise NotSupportedError("DATE_TRUNC with a time zone is not supported",
+                                hint="dates have no time zone: DATE_TRUNC('month', day)")
+
+
 class _RowTyper:
     def __init__(self, resolve: Resolver) -> None:
         self.resolve = resolve
@@ -652,6 +658,11 @@ class _RowTyper:
         return self._text_of(node.this, "UPPER")
 
     def _Trim(self, node: exp.Trim) -> ExprType:
+        if node.args.get("collation") is not None:
+            raise NotSupportedError("TRIM … COLLATE is not supported")
+        characters = node.args.get("expression")
+        if characters is not None:  # TRIM(BOTH chars FROM text): chars is text too
+            self._text_of(characters, "TRIM")
         return self._text_of(node.this, "TRIM")
 
     def _Length(self, node: exp.Length) -> ExprType:
@@ -700,9 +711,11 @@ class _RowTyper:
         return ExprType("date", nullable=source.nullable)
 
     def _DateTrunc(self, node: exp.DateTrunc) -> ExprType:
+        _no_zone(node)
         return self._date_trunc(node.args.get("unit"), node.this)
 
     def _TimestampTrunc(self, node: exp.TimestampTrunc) -> ExprType:
+        _no_zone(node)
         return self._date_trunc(node.args.get("unit"), node.this)
 
     def _TimeToStr(self, node: exp.TimeToStr) -> ExprType:

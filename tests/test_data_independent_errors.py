@@ -83,6 +83,8 @@ REFUSED = [
     pytest.param("SELECT COUNT(*) FROM visits WHERE {} AND DATE_TRUNC('day', day, SPLIT_PART("
                  "CAST(day AS TEXT), '-', '0')) > DATE '2024-01-01'", _VISITS, "0A000",
                  id="date-trunc-zone"),
+    pytest.param("SELECT COUNT(*) FROM visits WHERE {} AND LENGTH(CAST(day AS TEXT), "
+                 "REPEAT(CAST(day AS TEXT), 3)) = 10", _VISITS, "0A000", id="length-encoding"),
     pytest.param("SELECT COUNT(*) FROM adult WHERE {} AND education ~ '[z-a]'", _ADULT,
                  "0A000", id="regex-range"),
     pytest.param("SELECT COUNT(*) FROM visits WHERE {} AND CAST(amount AS TEXT) ~ 'x{{2}}{{3}}'",

@@ -666,6 +666,8 @@ class _RowTyper:
         return self._text_of(node.this, "TRIM")
 
     def _Length(self, node: exp.Length) -> ExprType:
+        if node.args.get("encoding") is not None:  # PostgreSQL's LENGTH(bytes, encoding)
+            raise NotSupportedError("LENGTH takes one argument", hint="LENGTH(text)")
         t = self._text_of(node.this, "LENGTH")
         return _num(0, INF, True, t.nullable)
 

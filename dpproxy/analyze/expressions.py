@@ -836,7 +836,6 @@ def _shifted_date(node: exp.Expression) -> tuple[exp.Expression, int] | None:
 
 
 # -- literal coercion ----------------------------------------------------------------------------
-_COERCING = (*_COMPARISONS, exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod)
 
 
 def _is_text_literal(node: exp.Expression) -> bool:
@@ -896,30 +895,15 @@ def coerce_literals(node: exp.Expression, columns: Mapping[str, ColumnPolicy] | 
             # DATE '…' as PostgreSQL reads it, in the one form both backends read alike
             # (DuckDB's TRY_CAST would make '20240601' or '2024-06-01 +00' NULL)
             return _typed_literal(n.this, "date")
-        pairs: list[tuple[str, exp.Expression]] = []
-        if isinstance(n, _COERCING):
-            for mine, other in (("this", n.expression), ("expression", n.this)):
-                target = n.args.get(mine)
-                if target is not None and _is_text_literal(target) \
-                        and not _is_text_literal(other):
-                    kind = kind_of(other)
-                    if isinstance(n, exp.Add | exp.Sub) and kind == "date":
-                        kind = "num"  # day + '7'
-                    pairs.append((mine, _retyped(target, kind)))
-        elif isinstance(n, exp.In | exp.Between):
-            kind = kind_of(n.this)
-            if isinstance(n, exp.In):
-                n.set("expressions", [_retyped(e, kind) for e in n.expressions])
-            else:
-                for bound in ("low", "high"):
-                    pairs.append((bound, _retyped(n.args[bound], kind)))
-        for key, value in pairs:
-            n.set(key, value)
+        if isinstance(n, exp.Add | exp.Sub) and _is_text_literal(n.expression) \
+                and kind_of(n.this) == "date":
+            # day + '7': the days, a number (the typer takes only a constant number there)
+            n.set("expression", _retyped(n.expression, "num"))
         return n
 
     swapped = node.transform(swap)
-    # Everywhere else (LEAST, COALESCE, NULLIF, CASE, a literal in parentheses, the subject
-    # of IN or BETWEEN, under a minus sign or ABS, a date function's argument): every
+    # Everywhere else (comparisons, IN, BETWEEN, arithmetic, LEAST, COALESCE, NULLIF, CASE,
+    # a literal in parentheses or under a minus sign, a date function's argument): every
     # quoted literal the typer read as a number, date or boolean is typed, or refused.
     reader = _RowTyper(typer.resolve)
     reader.visit(swapped)

@@ -85,6 +85,75 @@ _ROW_FUNCTIONS_HELP = (
 )
 
 
+_BINARY = frozenset({"this", "expression"})
+# The arguments each handler reads (types or checks). sqlglot parses more than the handlers
+# know (ROUND's third argument, CAST … DEFAULT … ON CONVERSION ERROR, FLOOR(x TO DAY),
+# BETWEEN SYMMETRIC); an argument no handler reads would reach the backend untyped, where
+# whether it fails could depend on the rows, or be dropped from the rewrite unseen. So any
+# other argument that holds a value is refused. Flags that change only the spelling
+# (Literal.is_string, Coalesce.is_nvl …) are listed too.
+_READS: dict[type[exp.Expression], frozenset[str]] = {
+    exp.Column: frozenset({"this", "table", "db", "catalog"}),
+    exp.Literal: frozenset({"this", "is_string"}),
+    exp.Null: frozenset(),
+    exp.Boolean: frozenset({"this"}),
+    exp.Paren: frozenset({"this"}),
+    exp.Alias: frozenset({"this", "alias"}),
+    exp.Neg: frozenset({"this"}),
+    exp.Abs: frozenset({"this"}),
+    exp.Div: frozenset({"this", "expression", "typed"}),
+    exp.Round: frozenset({"this", "decimals"}),
+    exp.Floor: frozenset({"this", "decimals"}),
+    exp.Ceil: frozenset({"this", "decimals"}),
+    exp.Trunc: frozenset({"this", "decimals"}),
+    exp.Least: frozenset({"this", "expressions", "ignore_nulls"}),
+    exp.Greatest: frozenset({"this", "expressions", "ignore_nulls"}),
+    exp.Case: frozenset({"this", "ifs", "default"}),
+    exp.If: frozenset({"this", "true", "false"}),
+    exp.Coalesce: frozenset({"this", "expressions", "is_nvl", "is_null"}),
+    exp.Cast: frozenset({"this", "to"}),
+    exp.TryCast: frozenset({"this", "to"}),
+    exp.Not: frozenset({"this"}),
+    exp.Is: frozenset({"this", "expression", "negate"}),  # IS NOT: typed alike
+    exp.Like: frozenset({"this", "expression", "negate"}),
+    exp.ILike: frozenset({"this", "expression", "negate"}),
+    exp.In: frozenset({"this", "expressions", "query", "unnest"}),  # the last two refused
+    exp.Between: frozenset({"this", "low", "high"}),
+    exp.RegexpLike: frozenset({"this", "expression", "flag"}),  # a flag is refused
+    exp.RegexpILike: frozenset({"this", "expression", "flag"}),
+    exp.Lower: frozenset({"this"}),
+    exp.Upper: frozenset({"this"}),
+    exp.Trim: frozenset({"this", "expression", "position", "collation"}),
+    exp.Length: frozenset({"this", "encoding"}),  # an encoding is refused
+    exp.Substring: frozenset({"this", "start", "length"}),
+    exp.DPipe: frozenset({"this", "expression", "safe"}),
+    exp.Concat: frozenset({"expressions", "safe", "coalesce"}),
+    exp.Extract: frozenset({"this", "expression"}),
+    exp.DateTrunc: frozenset({"this", "unit", "zone", "input_type_preserved"}),
+    exp.TimestampTrunc: frozenset({"this", "unit", "zone", "input_type_preserved"}),
+    exp.TimeToStr: frozenset({"this", "format"}),
+}  # others (+, -, *, %, AND, OR, comparisons): this and expression
+
+
+def _check_arguments(node: exp.Expression) -> None:
+    """Refuse an argument of node that its handler does not read (see _READS)."""
+    reads = _READS.get(type(node), _BINARY)
+    for key, value in node.args.items():
+        if key in reads or value is None or value is False \
+                or (isinstance(value, list) and not value):
+            continue
+        name = written_name(node) if isinstance(node, exp.Func) else node.key.upper()
+        raise NotSupportedError(
+            f"{name} with {_ARGUMENT_NAMES.get(key, f'its {key} argument')} is not supported",
+            hint=f"supported: {_ROW_FUNCTIONS_HELP}")
+
+
+_ARGUMENT_NAMES = {
+    "truncate": "a third argument", "fractions_supported": "a third argument",
+    "default": "DEFAULT … ON CONVERSION ERROR", "to": "TO <unit>", "symmetric": "SYMMETRIC",
+}
+
+
 @dataclass(frozen=True)
 class ExprType:
     """What the analyzer knows of a row expression's values."""
@@ -260,8 +329,10 @@ class _RowTyper:
     def visit(self, node: exp.Expression) -> ExprType:
         handler = getattr(self, f"_{type(node).__name__}", None)
         if handler is not None:
+            _check_arguments(node)
             return handler(node)
         if isinstance(node, _COMPARISONS):
+            _check_arguments(node)
             return self._comparison(node)
         if isinstance(node, exp.AggFunc):
             raise GroupingError(

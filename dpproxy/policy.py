@@ -71,6 +71,10 @@ class ColumnPolicy:
     # The database's type of the column, lowercase, as the engine read it on opening its
     # backend (`with_storage`); "" where the table has no such column; None: not read.
     storage: str | None = None
+    # Each row's value is public knowledge, as a survey roster's columns are (`public =
+    # true`): read only where membership = "public" (`analyze.ldp.rows_are_public`). Not
+    # implied by public_values or public_range, which publish the values, not who has which.
+    public: bool = False
 
     @property
     def bounded(self) -> bool:
@@ -439,7 +443,7 @@ def _column(table: _Checker, name: str, public_table: bool) -> ColumnPolicy:
     if not isinstance(spec, dict):
         table.fail(name, "expected a table such as { type = \"int\", lower = 0, upper = 100 }")
     col = table.child(name, spec, {"type", "lower", "upper", "public_values", "public_range",
-                                   "nullable", "ldp", "unique"})
+                                   "nullable", "ldp", "unique", "public"})
     ctype = col.choice("type", COLUMN_TYPES, "")
     if ctype == "date":
         lower, upper = _date_bound(col, "lower"), _date_bound(col, "upper")
@@ -479,8 +483,11 @@ def _column(table: _Checker, name: str, public_table: bool) -> ColumnPolicy:
     if unique and not public_table:
         col.fail("unique", "unique applies to columns of public lookup tables (join keys); a "
                  "private table's values are not claimed in the policy")
+    per_row = col.get("public", bool, False)
+    if per_row and ldp is not None:
+        col.fail("public", "a local-DP column holds randomized reports: its values are not public")
     return ColumnPolicy(name, ctype, lower, upper, public, nullable,  # type: ignore[arg-type]
-                        ldp, public_range, unique)
+                        ldp, public_range, unique, public=per_row)
 
 
 def _date_bound(col: _Checker, key: str) -> float | None:

@@ -117,7 +117,8 @@ def test_policy_check_prints_every_error_on_a_line_of_its_own(tmp_path: Path) ->
         f"ERROR F0000: {broken}:{mechanism}:1: privacy.mechanism: must be one of 'laplace', "
         "'gaussian', got 'laplce'",
         f"ERROR F0000: {broken}:{age}:{column}: tables.adult.columns.age.uper: unknown field; "
-        "allowed fields: ldp, lower, nullable, public_range, public_values, type, unique, upper"]
+        "allowed fields: ldp, lower, nullable, public, public_range, public_values, type, "
+        "unique, upper"]
 
 
 def test_demo_builds_a_database_from_its_seed(tmp_path: Path) -> None:

@@ -193,14 +193,18 @@ def test_mixing_charges_only_the_central_part(alice: Session, engine: Engine) ->
 ])
 def test_public_membership_is_exact_only_over_public_columns(
         tmp_path: Path, survey_database: Path, sql: str) -> None:
-    """With age's values private (no public_range), which rows pass `age > 40`, or hold an
-    age, is private: the report count and sum are noised and charged, else COUNT(x)/AVG(x)
-    would give the exact number of rows matching a private predicate, a private value by
-    bisection. With age public (the demo's policy) the same query is exact and free."""
+    """With age not declared public (its public_range kept: that publishes the ages there
+    are, not who has which), which rows pass `age > 40`, or hold an age, is private: the
+    report count and sum are noised and charged, else COUNT(x)/AVG(x) would give the exact
+    number of rows matching a private predicate, a private value by bisection. With age
+    public (the demo's policy) the same query is exact and free."""
     private_age = survey_policy(tmp_path, survey_database)
-    private_age.write_text(private_age.read_text().replace(", public_range = { step = 1 }", ""))
-    assert "public_range" not in private_age.read_text().split("[tables.survey.columns]")[1] \
-        .split("[")[0]
+    text = private_age.read_text()
+    private_age.write_text(text.replace("step = 1 }, nullable = false, public = true }",
+                                        "step = 1 }, nullable = false }"))
+    age_line = next(line for line in private_age.read_text().splitlines()
+                    if line.startswith("age = "))
+    assert "public_range" in age_line and "public = true" not in age_line
     with Engine.from_path(private_age) as engine:
         result = engine.session("alice").execute(sql)
         assert result.cost is not None and result.cost.epsilon > 0
@@ -208,6 +212,30 @@ def test_public_membership_is_exact_only_over_public_columns(
         assert accuracy.epsilon > 0 and all(scale > 0 for scale in accuracy.noise_scales)
     with Engine.from_path(survey_policy(tmp_path, survey_database)) as engine:
         result = engine.session("alice").execute(sql)
+        assert result.cost is not None and result.cost.epsilon == 0
+
+
+def test_public_values_do_not_make_a_person_s_value_public(tmp_path: Path,
+                                                           survey_database: Path) -> None:
+    """A column with public_values but not `public = true` (sex here) is private row by
+    row. Exact and free, `COUNT(x) WHERE person_id = k AND sex = v` would be 0 or the
+    debiased value of one report: whether person k has value v, exactly."""
+    policy = survey_policy(tmp_path, survey_database)
+    text = policy.read_text()
+    policy.write_text(text.replace("nullable = false, public = true }", "nullable = false }"))
+    sex_line = next(line for line in policy.read_text().splitlines()
+                    if line.startswith("sex = "))
+    assert "public_values" in sex_line and "public = true" not in sex_line
+    with Engine.from_path(policy) as engine:
+        alice = engine.session("alice", epsilon=0.5)
+        for sql in ("SELECT COUNT(high_income) FROM survey WHERE person_id = 3 AND sex = "
+                    "'Female'", "SELECT sex, AVG(high_income) FROM survey GROUP BY sex"):
+            result = alice.execute(sql)
+            assert result.cost is not None and result.cost.epsilon == pytest.approx(0.5)
+            accuracy = result.accuracy[-1]
+            assert accuracy is not None and all(s > 0 for s in accuracy.noise_scales)
+        # the person alone stays exact: who answered is the public roster
+        result = alice.execute("SELECT COUNT(high_income) FROM survey WHERE person_id = 3")
         assert result.cost is not None and result.cost.epsilon == 0
 
 
@@ -280,6 +308,14 @@ def test_policy_reads_ldp_declarations() -> None:
     assert channel is not None and channel.epsilon == pytest.approx(2.0)
     with pytest.raises(errors.InvalidPolicy, match="membership: must be one of"):
         parse_policy(table_with({"type": "int"}, membership="secret"), Path("p.toml"))
+    roster = parse_policy(table_with({"type": "int", "public": True}, membership="public"),
+                          Path("p.toml")).tables["t"].columns["c"]
+    assert roster.public and not load_policy(SURVEY_POLICY).tables["survey"] \
+        .columns["high_income"].public
+    with pytest.raises(errors.InvalidPolicy, match="its values are not public"):
+        parse_policy(table_with({"type": "bool", "public": True, "ldp": {
+            "mechanism": "randomized_response", "epsilon": 1.0}}, membership="public"),
+            Path("p.toml"))
     assert load_policy(SURVEY_POLICY).tables["survey"].columns["high_income"].ldp == \
         RandomizedResponse(0.75, 0.25)
 

@@ -141,15 +141,17 @@ def local_aggregate(node: exp.AggFunc, table: TablePolicy, resolve: Resolver,
 
 def rows_are_public(read: Iterable[ColumnPolicy], table: TablePolicy,
                     public_columns: Collection[str] = ()) -> bool:
-    """Whether the columns the WHERE and the GROUP BY keys read all hold public values:
-    the privacy unit, columns with `public_values` or `public_range`, and
-    `public_columns` (those of joined public tables).
+    """Whether the columns the WHERE and the GROUP BY keys read all hold values public
+    row by row: the privacy unit, columns declared `public = true`, and `public_columns`
+    (those of joined public tables).
 
     Public membership makes the roster public, not every column: a filter on a private
     column (`WHERE income > 50000`) makes a group's report count a private count, which
-    exact release would give away."""
-    return all(c.name == table.privacy_unit or c.public_domain is not None
-               or c.name in public_columns for c in read)
+    exact release would give away. `public_values` and `public_range` do not make a column
+    public here: they publish the values a column can take, not which person holds which
+    (`WHERE person_id = 3 AND diagnosis = 'hiv'` would tell exactly)."""
+    return all(c.name == table.privacy_unit or c.public or c.name in public_columns
+               for c in read)
 
 
 def _describe(channel: LocalDP) -> str:

@@ -69,6 +69,11 @@ class QueryOptions:
                 f"{format_split(self.split) or 'none'}", hint=SPLIT_HINT)
         if not (math.isfinite(self.epsilon) and self.epsilon > 0):
             raise InvalidParameterValue(f"epsilon must be a positive number, got {self.epsilon}")
+        if self.epsilon > MAX_EPSILON:
+            # beyond any use (e^ε bounds nothing), and ε²/2 of zCDP would overflow from 1e154
+            raise InvalidParameterValue(
+                f"epsilon must be at most {MAX_EPSILON:g}, got {self.epsilon:g}",
+                hint="a query's ε is usually between 0.01 and 10")
         if not (0 <= self.delta < 1):
             raise InvalidParameterValue(f"delta must be in [0, 1), got {self.delta}")
         if self.mechanism == "gaussian" and self.delta == 0:
@@ -83,6 +88,8 @@ class QueryOptions:
                 f"min_units_per_group must be a non-negative integer, got "
                 f"{self.min_units_per_group}")
 
+
+MAX_EPSILON = 1e9  # a query's ε (`QueryOptions`)
 
 SPLIT_HINT = ("one positive weight per aggregate, in the order the aggregates first appear "
               "(select list, then HAVING, then ORDER BY), e.g. SET dpproxy.split = '1,3'; "

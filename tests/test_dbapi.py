@@ -428,6 +428,7 @@ def test_set_option_in_sql(conn: dpproxy.Connection) -> None:
 
 @pytest.mark.parametrize("options", [
     {"epsilon": -1}, {"epsilon": 0}, {"epsilon": "lots"}, {"epsilon": float("nan")},
+    {"epsilon": 1e308},
     {"delta": 1.5}, {"delta": -0.1}, {"mechanism": "exponential"}, {"confidence": 1.5},
     {"mechanism": "gaussian", "delta": 0},
 ])
@@ -438,7 +439,8 @@ def test_invalid_connect_option_is_22023(big_policy: Path, options: dict[str, An
 
 
 @pytest.mark.parametrize("sql", ["SET dpproxy.epsilon = -1", "SET dpproxy.delta = 2",
-                                 "SET dpproxy.mechanism = 'exponential'"])
+                                 "SET dpproxy.mechanism = 'exponential'",
+                                 "SET dpproxy.epsilon = 1e308"])  # was an internal error
 def test_invalid_set_option_is_22023(conn: dpproxy.Connection, sql: str) -> None:
     with pytest.raises(dpproxy.Error) as info:
         conn.execute(sql)

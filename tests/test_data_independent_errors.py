@@ -93,6 +93,8 @@ REFUSED = [
     pytest.param("SELECT COUNT(*) FROM adult WHERE {} AND CAST(sex AS INT DEFAULT LENGTH("
                  "REPEAT(sex, '1000000000')) ON CONVERSION ERROR) = 1", _ADULT, "0A000",
                  id="cast-default"),
+    pytest.param("SELECT COUNT(age, LENGTH(REPEAT(sex, '1000000000'))) FROM adult WHERE {}",
+                 _ADULT, "0A000", id="count-second-argument"),
     pytest.param("SELECT COUNT(*) FROM adult WHERE {} AND education ~ '[z-a]'", _ADULT,
                  "0A000", id="regex-range"),
     pytest.param("SELECT COUNT(*) FROM visits WHERE {} AND CAST(amount AS TEXT) ~ 'x{{2}}{{3}}'",

@@ -135,9 +135,8 @@ _READS: dict[type[exp.Expression], frozenset[str]] = {
 }  # others (+, -, *, %, AND, OR, comparisons): this and expression
 
 
-def _check_arguments(node: exp.Expression) -> None:
-    """Refuse an argument of node that its handler does not read (see _READS)."""
-    reads = _READS.get(type(node), _BINARY)
+def check_arguments(node: exp.Expression, reads: frozenset[str], hint: str) -> None:
+    """Refuse (0A000) an argument of node holding a value that is not among `reads`."""
     for key, value in node.args.items():
         if key in reads or value is None or value is False \
                 or (isinstance(value, list) and not value):
@@ -145,11 +144,17 @@ def _check_arguments(node: exp.Expression) -> None:
         name = written_name(node) if isinstance(node, exp.Func) else node.key.upper()
         raise NotSupportedError(
             f"{name} with {_ARGUMENT_NAMES.get(key, f'its {key} argument')} is not supported",
-            hint=f"supported: {_ROW_FUNCTIONS_HELP}")
+            hint=hint)
+
+
+def _check_arguments(node: exp.Expression) -> None:
+    """Refuse an argument of node that its handler does not read (see _READS)."""
+    check_arguments(node, _READS.get(type(node), _BINARY), f"supported: {_ROW_FUNCTIONS_HELP}")
 
 
 _ARGUMENT_NAMES = {
     "truncate": "a third argument", "fractions_supported": "a third argument",
+    "expressions": "more than one argument", "accuracy": "a second argument",
     "default": "DEFAULT … ON CONVERSION ERROR", "to": "TO <unit>", "symmetric": "SYMMETRIC",
 }
 

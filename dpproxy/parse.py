@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import logging
 import math
 import os
 import threading
@@ -47,6 +48,9 @@ from .errors import (
 from .postprocess import output_name
 
 DIALECT = "postgres"
+# sqlglot warns when printing a clause the dialect lacks (IGNORE NULLS); the analyzer refuses
+# such queries itself, so the warnings go only where an application routes its logging
+logging.getLogger("sqlglot").addHandler(logging.NullHandler())
 StatementKind = Literal["select", "explain", "set", "reset", "show", "transaction", "noop"]
 
 # Statements answered in the session, never sent anywhere: clients and pools send them.

@@ -875,6 +875,12 @@ REJECTED = [
              "42501", ("no bound",), ("VAR_SAMP(LEAST(GREATEST(capital_gain / (age - 40)",)),
     # named as written (STRING_AGG, BOOL_OR, AGE), not as sqlglot's nodes (GROUP_CONCAT,
     # LOGICAL_OR, ANONYMOUS)
+    Rejected("ignore_nulls", "SELECT SUM(age IGNORE NULLS) FROM adult", "0A000",
+             ("IGNORE NULLS and RESPECT NULLS are not supported",), ("write SUM(x)",)),
+    Rejected("count_two_arguments", "SELECT COUNT(age, sex) FROM adult", "0A000",
+             ("COUNT with more than one argument",)),
+    Rejected("round_truncate", "SELECT SUM(ROUND(age, 0, 1)) FROM adult", "0A000",
+             ("ROUND with a third argument",)),
     Rejected("string_agg", "SELECT STRING_AGG(sex, ',') FROM adult", "42501",
              ("STRING_AGG returns values of the rows",), ("COUNT(*)",)),
     Rejected("array_agg", "SELECT sex, ARRAY_AGG(age) FROM adult GROUP BY sex", "42501",

@@ -240,6 +240,10 @@ MAX_VALUE_BOUND = 1e15
 def analyze(select: exp.Expression, policy: Policy, analyst: AnalystPolicy
             ) -> Analysis | ConstantQuery:
     """Check a parsed (parameter-bound) query and describe what it measures."""
+    if select.find(exp.IgnoreNulls, exp.RespectNulls) is not None:
+        # before anything prints the tree: PostgreSQL's dialect has no such clause
+        raise NotSupportedError("IGNORE NULLS and RESPECT NULLS are not supported",
+                                hint="aggregates skip NULL values already: write SUM(x)")
     statement = select.sql("postgres")  # as written: the audit log and the ledger keep it
     select = inline(select)  # a row-level subquery or WITH query in FROM, merged in
     select, per_unit_source = _detach_per_unit(select)

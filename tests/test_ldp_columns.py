@@ -258,6 +258,67 @@ def test_private_membership_noises_and_charges(tmp_path: Path, survey_database: 
         assert "exact" not in plan_lines and "2 noisy statistic(s)" in plan_lines
 
 
+JOINED = """
+[backend]
+kind = "duckdb"
+path = "DB"
+
+[tables.survey]
+privacy_unit = "pid"
+membership = "public"
+
+[tables.survey.columns]
+pid = { type = "int", nullable = false }
+band = { type = "int", lower = 0, upper = 9, public = true }
+salary = { type = "int", lower = 0, upper = 1000000, nullable = false }
+hi = { type = "bool", ldp = { mechanism = "randomized_response", epsilon = 1.0 } }
+
+[tables.cut]
+public = true
+
+[tables.cut.columns]
+salary = { type = "int" }
+band = { type = "int" }
+label = { type = "text" }
+
+[analysts.alice]
+budget = { epsilon = 10.0 }
+tables = ["survey", "cut"]
+"""
+
+
+@pytest.mark.parametrize(("sql", "exact"), [
+    # a join on a private column filters, multiplies and labels rows by it: charged
+    ("SELECT COUNT(hi), AVG(hi) FROM survey JOIN cut USING (salary)", False),
+    ("SELECT COUNT(hi) FROM survey LEFT JOIN cut USING (salary) WHERE cut.salary IS NULL",
+     False),
+    ("SELECT COUNT(hi) FROM survey LEFT JOIN cut ON survey.salary = cut.salary "
+     "WHERE cut.label = 'b'", False),
+    # on a column public row by row: exact and free
+    ("SELECT AVG(hi) FROM survey JOIN cut ON survey.band = cut.band WHERE cut.label = 'b'",
+     True),
+])
+def test_a_join_on_a_private_column_makes_rows_private(tmp_path: Path, sql: str,
+                                                       exact: bool) -> None:
+    """Joined on a private column, COUNT(report) over the matches would be 0 or one
+    debiased report, exactly and free: whether a person's salary is in the joined table
+    (a red-team review found this released at ε = 0)."""
+    database = tmp_path / "joined.duckdb"
+    con = duckdb.connect(str(database))
+    con.execute("CREATE TABLE survey AS SELECT range::INT AS pid, (range % 10)::INT AS band, "
+                "(30000 + 1000 * (range % 50))::INT AS salary, range % 3 = 0 AS hi "
+                "FROM range(1000)")
+    con.execute("CREATE TABLE cut AS SELECT * FROM (VALUES (38000, 1, 'a'), (123456, 2, 'b'))"
+                " AS c(salary, band, label)")
+    con.close()
+    policy = tmp_path / "joined.toml"
+    policy.write_text(JOINED.replace("DB", database.as_posix()))
+    with Engine.from_path(policy) as engine:
+        result = engine.session("alice", epsilon=0.5).execute(sql)
+        assert result.cost is not None
+        assert (result.cost.epsilon == 0) is exact, result.cost
+
+
 # policy validation ---------------------------------------------------------------------------
 BASE = {
     "backend": {"kind": "duckdb", "path": "x.duckdb"},

@@ -264,8 +264,11 @@ def analyze(select: exp.Expression, policy: Policy, analyst: AnalystPolicy
     keys = _resolve_keys(select, table, resolve)
     read = [resolve(c) for node in (where, *(k.expression for k in keys)) if node is not None
             for c in node.find_all(exp.Column)]
+    # a join filters (INNER), multiplies (fan-out) and labels rows by its keys: the private
+    # table's key columns are read as WHERE's are
+    join_keys = [table.columns[left] for j in joins for left, _ in j.keys]
     public_rows = rows_are_public(
-        [*read, *(k.column for k in keys if k.expression is None)], table,
+        [*read, *join_keys, *(k.column for k in keys if k.expression is None)], table,
         {f"{j.prefix}.{name}" for j in joins for name in j.table.columns})
     statistics, aggregates = _collect_aggregates(
         select, table, resolve, public_rows,

@@ -33,7 +33,7 @@ counts rows, like COUNT(*): no row and no value crosses, only the sparse histogr
 >>> from sqlglot import parse_one
 >>> t = TablePolicy("t", {"a": ColumnPolicy("a", "int", 0, 10), "b": ColumnPolicy("b", "int")})
 >>> make_total(parse_one("a / b > 1", read="postgres"), t).sql("duckdb")
-'TRUNC(CAST("a" AS DOUBLE) / NULLIF(CAST("b" AS DOUBLE), 0)) > 1'
+'TRUNC(CAST("a" AS DOUBLE) / NULLIF(CAST("b" AS DOUBLE), 0)) > CAST(1 AS DOUBLE)'
 """
 
 from __future__ import annotations
@@ -171,6 +171,12 @@ def _total_node(node: exp.Expression, table: TablePolicy, integer_valued: bool
         assert column is not None, "the analyzer resolved every column"
         bare = exp.column(column.name, quoted=True)
         return exp.cast(bare, _DOUBLE) if column.type in ("int", "float") else bare
+    if isinstance(node, exp.Literal) and not node.is_string and not _is_digits(node):
+        # DOUBLE, as the columns: DuckDB reads 28 digits as a HUGEINT and 0.00000000001 as a
+        # DECIMAL(11,11), and converts them to a common type only when a row reaches them
+        # (CASE WHEN <a rare row> THEN 10^28 END = 0.00000000001 failed there alone), and a
+        # DECIMAL key would group apart values released as one float
+        return exp.cast(node, _DOUBLE)
     if isinstance(node, exp.Div):
         quotient = exp.Div(this=node.this, expression=_nonzero(node.expression), typed=False,
                            safe=False)
@@ -234,6 +240,14 @@ def _total_node(node: exp.Expression, table: TablePolicy, integer_valued: bool
     return node
 
 
+def _is_digits(node: exp.Literal) -> bool:
+    """ROUND's or TRUNC's digits (the rewrite reads them as a constant), also negated."""
+    parent = node.parent
+    while isinstance(parent, exp.Neg):
+        node, parent = parent, parent.parent  # type: ignore[assignment]
+    return isinstance(parent, exp.Round | exp.Trunc) and node.arg_key == "decimals"
+
+
 def _round_to_digits(value: exp.Expression, digits: int) -> exp.Expression:
     """ROUND(value, digits) as value scaled by 10^digits, rounded half away from zero and
     scaled back, in DOUBLE; the value itself where that is not finite (digits beyond the
@@ -248,12 +262,13 @@ def _round_to_digits(value: exp.Expression, digits: int) -> exp.Expression:
     scale = exp.Literal.number(repr(10.0 ** abs(digits)))
     if digits >= 0:
         rounded: exp.Expression = exp.Div(
-            this=exp.func("ROUND", exp.Mul(this=value.copy(), expression=scale.copy())),
+            this=exp.func("ROUND", _in_double(exp.Mul(this=value.copy(),
+                                                      expression=scale.copy()))),
             expression=scale, typed=False, safe=False)
     else:  # the analyzer takes non-negative digits only; kept total all the same
-        rounded = exp.Mul(this=exp.func("ROUND", exp.Div(
+        rounded = _in_double(exp.Mul(this=exp.func("ROUND", exp.Div(
             this=value.copy(), expression=scale.copy(), typed=False, safe=False)),
-            expression=scale)
+            expression=scale))
     return exp.Case(ifs=[exp.If(this=exp.func("ISFINITE", rounded.copy()), true=rounded)],
                     default=value)
 
@@ -719,9 +734,9 @@ def released_key(value: exp.Expression, key: GroupKey, table: TablePolicy, diale
         column = table.column(key.column.name)
         if column is not None and column.storage in _EXACT_KEY_TYPES[dialect]:
             return value
-    elif dialect == "duckdb":
-        return value  # computed in DOUBLE (`make_total`)
     if dialect == "duckdb":
+        # an expression is computed in DOUBLE already (`make_total`: its constants too);
+        # the cast costs nothing then, and keeps the key a double if a new construct is not
         return exp.cast(value, _DOUBLE)
     return _double_postgres(value)
 

@@ -875,6 +875,8 @@ REJECTED = [
              "42501", ("no bound",), ("VAR_SAMP(LEAST(GREATEST(capital_gain / (age - 40)",)),
     # named as written (STRING_AGG, BOOL_OR, AGE), not as sqlglot's nodes (GROUP_CONCAT,
     # LOGICAL_OR, ANONYMOUS)
+    Rejected("cast_char_length", "SELECT COUNT(*) FROM adult WHERE CAST(age AS CHAR(10485760)) "
+             "= '3'", "0A000", ("text casts take no length",), ("CAST(x AS TEXT)",)),
     Rejected("ignore_nulls", "SELECT SUM(age IGNORE NULLS) FROM adult", "0A000",
              ("IGNORE NULLS and RESPECT NULLS are not supported",), ("write SUM(x)",)),
     Rejected("count_two_arguments", "SELECT COUNT(age, sex) FROM adult", "0A000",

@@ -616,6 +616,13 @@ class _RowTyper:
                 return _num(lo, hi, integer, source.nullable or isinstance(node, exp.TryCast))
             return _num(-INF, INF, integer, True)  # a failed cast becomes NULL (TRY_CAST)
         if target in _TEXT_TYPES:
+            if node.to.expressions:
+                # PostgreSQL pads CHAR(n) to n characters and cuts VARCHAR(n) to n, DuckDB
+                # does neither: the backends would disagree (and CHAR(10485760) makes every
+                # row 10 MB)
+                raise NotSupportedError(
+                    f"CAST to {node.to.sql('postgres')} is not supported: text casts take no "
+                    "length", hint="CAST(x AS TEXT), and SUBSTRING(x FROM 1 FOR n) to cut it")
             return ExprType("text", nullable=source.nullable)
         if target in _DATE_TYPES:
             return ExprType("date", nullable=True)

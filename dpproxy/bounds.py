@@ -108,8 +108,10 @@ class BoundCheck:
 
     @cached_property
     def heavy_table(self) -> str:
-        """The name of the temporary table the backend keeps this check's heavy units in."""
-        return "__heavy_" + hashlib.sha256(self.sql.encode()).hexdigest()[:16]
+        """The name of the temporary table the backend keeps this check's heavy units in:
+        of `heavy_sql`, which holds the bounds (`sql` need not: with group keys it reads
+        only maxima)."""
+        return "__heavy_" + hashlib.sha256(self.heavy_sql.encode()).hexdigest()[:16]
 
     def holds(self, observed: Sequence[object] | None) -> bool:
         """Whether the observed maxima are within the plan's bounds."""

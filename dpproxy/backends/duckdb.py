@@ -150,7 +150,7 @@ class DuckDBBackend:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._checks: dict[str, tuple[object, ...] | None] = {}  # check SQL → observed maxima
-        # check SQL → its heavy units, where the split statement is worth running
+        # heavy_sql → the units over the bounds, where the split statement is worth running
         self._heavy: dict[str, list[object] | None] = {}
         self.bounding = BoundingCounts()
         self.shared = SharedScans(self._run)
@@ -260,13 +260,13 @@ class DuckDBBackend:
         if not SPLIT_BOUNDING or unbounded.generate_split is None:
             return None
         check = unbounded.check
-        with self._lock:
-            known = check.sql in self._heavy
-            units = self._heavy.get(check.sql)
+        with self._lock:  # by heavy_sql: who is heavy depends on the bounds
+            known = check.heavy_sql in self._heavy
+            units = self._heavy.get(check.heavy_sql)
         if not known:
             units = self._heavy_units(check)
             with self._lock:
-                self._heavy[check.sql] = units
+                self._heavy[check.heavy_sql] = units
         if units is None:
             return None
         made: set[str] = self._local.__dict__.setdefault("heavy_tables", set())

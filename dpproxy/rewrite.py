@@ -171,7 +171,7 @@ def _total_node(node: exp.Expression, table: TablePolicy, integer_valued: bool
         assert column is not None, "the analyzer resolved every column"
         bare = exp.column(column.name, quoted=True)
         return exp.cast(bare, _DOUBLE) if column.type in ("int", "float") else bare
-    if isinstance(node, exp.Literal) and not node.is_string and not _is_digits(node):
+    if isinstance(node, exp.Literal) and not node.is_string and not _kept_as_written(node):
         # DOUBLE, as the columns: DuckDB reads 28 digits as a HUGEINT and 0.00000000001 as a
         # DECIMAL(11,11), and converts them to a common type only when a row reaches them
         # (CASE WHEN <a rare row> THEN 10^28 END = 0.00000000001 failed there alone), and a
@@ -240,12 +240,14 @@ def _total_node(node: exp.Expression, table: TablePolicy, integer_valued: bool
     return node
 
 
-def _is_digits(node: exp.Literal) -> bool:
-    """ROUND's or TRUNC's digits (the rewrite reads them as a constant), also negated."""
+def _kept_as_written(node: exp.Literal) -> bool:
+    """ROUND's or TRUNC's digits (the rewrite reads them as a constant), also negated, and
+    an array index (a local-DP report's bit): integers, as the backend wants them."""
     parent = node.parent
     while isinstance(parent, exp.Neg):
         node, parent = parent, parent.parent  # type: ignore[assignment]
-    return isinstance(parent, exp.Round | exp.Trunc) and node.arg_key == "decimals"
+    return isinstance(parent, exp.Bracket) or (
+        isinstance(parent, exp.Round | exp.Trunc) and node.arg_key == "decimals")
 
 
 def _round_to_digits(value: exp.Expression, digits: int) -> exp.Expression:

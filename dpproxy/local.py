@@ -24,9 +24,12 @@ errors. The binomial variance r(1 − r)/n bounds the variance of a sum of
 independent Bernoullis with these mean probabilities, so the error is conservative.
 
 Randomness comes from the OS (`os.urandom`) in bulk: 32 random bits per reported
-bit, compared with round(P·2^32). Each probability is therefore realized within
-2^-33 of the one asked for, which moves ε by less than 1e-8 for any parameters
-used in practice (and the check needs no floating point on random data).
+bit, compared with P·2^32 (no floating point on random data). So an encoder rounds
+its probabilities to multiples of 2^-32 when it is built, toward less information
+(the probability of reporting the truth down, of reporting the other answer up):
+its `epsilon` is then the ε its reports realize, never above the one asked for.
+Rounding to nearest instead could turn P(yes | no) ≈ 1e-10 (ε = 23) into 0, and
+every report into the truth.
 
 >>> rr = RandomizedResponse.from_coins(h=0.5, s=0.5)
 >>> (rr.p_one, rr.p_zero, round(rr.epsilon, 4))
@@ -60,6 +63,13 @@ def bernoulli(probability: float | np.ndarray, shape: int | tuple[int, ...]) -> 
     # P(u < t) = t / 2^32 exactly for u uniform on 32 bits; t = 2^32 gives True always.
     threshold = np.rint(np.asarray(probability, dtype=np.float64) * _RESOLUTION)
     return uniform < threshold.astype(np.uint64)
+
+
+def _on_grid(value: float, up: bool) -> float:
+    """value rounded up or down to a multiple of 2^-32, the probabilities `bernoulli`
+    realizes exactly (the scaling by a power of two is exact)."""
+    scaled = value * _RESOLUTION
+    return (math.ceil(scaled) if up else math.floor(scaled)) / _RESOLUTION
 
 
 def _check_probability(name: str, value: float) -> float:
@@ -156,8 +166,11 @@ class RandomizedResponse:
     p_zero: float  # P(report yes | true no)
 
     def __post_init__(self) -> None:
-        _check_probability("p_one", self.p_one)
-        _check_probability("p_zero", self.p_zero)
+        # realized exactly, and never more telling than asked (see the module docstring)
+        object.__setattr__(self, "p_one", _on_grid(_check_probability("p_one", self.p_one),
+                                                   up=False))
+        object.__setattr__(self, "p_zero", _on_grid(_check_probability("p_zero", self.p_zero),
+                                                    up=True))
         if not self.p_one > self.p_zero:
             raise ValueError("P(yes | yes) must exceed P(yes | no), or the reports say nothing")
 
@@ -168,7 +181,8 @@ class RandomizedResponse:
         h, s = _check_probability("h", h), _check_probability("s", s)
         if h == 0:
             raise ValueError("h = 0 always answers truthfully: no privacy (ε = ∞)")
-        return cls(1 - h + h * s, h * s)
+        # P(no | yes) = h·(1 − s) rounded first: 1 − h + h·s could round to 1 for a small h
+        return cls(1 - _on_grid(h * (1 - s), up=True), h * s)
 
     @classmethod
     def from_f(cls, f: float) -> RandomizedResponse:
@@ -181,8 +195,9 @@ class RandomizedResponse:
     @classmethod
     def from_epsilon(cls, epsilon: float) -> RandomizedResponse:
         """The symmetric scheme with ε = ln(f/(1 − f)): f = e^ε/(1 + e^ε)."""
-        f = _logistic(_check_epsilon(epsilon))
-        return cls(f, 1 - f)
+        # 1 − f from f would lose a small 1 − f to 0: it is computed, and rounded, first
+        no = _on_grid(_logistic(-_check_epsilon(epsilon)), up=True)
+        return cls(1 - no, no)
 
     @property
     def symmetric(self) -> bool:
@@ -231,21 +246,22 @@ class UnaryEncoding:
             raise ValueError("the domain must list at least one value")
         if len(set(self.domain)) != len(self.domain):
             raise ValueError("domain values must be distinct")
-        _check_probability("p", self.p)
-        _check_probability("q", self.q)
+        # realized exactly, and never more telling than asked (see the module docstring)
+        object.__setattr__(self, "p", _on_grid(_check_probability("p", self.p), up=False))
+        object.__setattr__(self, "q", _on_grid(_check_probability("q", self.q), up=True))
         if not self.p > self.q:
             raise ValueError("p must exceed q, or the reports say nothing")
 
     @classmethod
     def optimized(cls, domain: Sequence[Any], epsilon: float) -> UnaryEncoding:
         """OUE (Wang et al. 2017): p = 1/2, q = 1/(e^ε + 1); the lowest variance."""
-        return cls(tuple(domain), 0.5, 1 - _logistic(_check_epsilon(epsilon)))
+        return cls(tuple(domain), 0.5, _logistic(-_check_epsilon(epsilon)))
 
     @classmethod
     def symmetric(cls, domain: Sequence[Any], epsilon: float) -> UnaryEncoding:
         """SUE (basic RAPPOR): p = e^{ε/2}/(1 + e^{ε/2}), q = 1 − p."""
-        p = _logistic(_check_epsilon(epsilon) / 2)
-        return cls(tuple(domain), p, 1 - p)
+        q = _on_grid(_logistic(-_check_epsilon(epsilon) / 2), up=True)
+        return cls(tuple(domain), 1 - q, q)
 
     @property
     def epsilon(self) -> float:

@@ -109,18 +109,48 @@ def test_estimators_match_the_textbook_formulas() -> None:
 
 
 # parametrizations --------------------------------------------------------------------------------
+def _within(realized: float, asked: float) -> bool:
+    """Never above the ε asked for; below it by the 2^-32 grid alone (a probability moves
+    by < 2^-32, so ln of a ratio by < 2^-32 / the smaller probability, twice)."""
+    return asked * (1 - 1e-8) - 1e-5 * (asked >= 10) <= realized <= asked
+
+
 @pytest.mark.parametrize("epsilon", [0.1, 0.5, 1.0, math.log(3), 2.0, 5.0, 10.0])
 def test_epsilon_round_trips(epsilon: float) -> None:
     rr = RandomizedResponse.from_epsilon(epsilon)
-    assert rr.epsilon == pytest.approx(epsilon, rel=1e-9)
-    assert RandomizedResponse.from_f(rr.f).epsilon == pytest.approx(epsilon, rel=1e-9)
+    assert _within(rr.epsilon, epsilon)
+    assert _within(RandomizedResponse.from_f(rr.f).epsilon, epsilon)
     oue = UnaryEncoding.optimized(["a", "b"], epsilon)
-    assert (oue.p, oue.q) == (0.5, pytest.approx(1 / (math.exp(epsilon) + 1)))
-    assert oue.epsilon == pytest.approx(epsilon, rel=1e-9)
+    assert (oue.p, oue.q) == (0.5, pytest.approx(1 / (math.exp(epsilon) + 1), abs=2**-32))
+    assert _within(oue.epsilon, epsilon)
     sue = UnaryEncoding.symmetric(["a", "b"], epsilon)
-    assert sue.p == pytest.approx(math.exp(epsilon / 2) / (1 + math.exp(epsilon / 2)))
-    assert sue.q == pytest.approx(1 - sue.p)
-    assert sue.epsilon == pytest.approx(epsilon, rel=1e-9)
+    assert sue.p == pytest.approx(math.exp(epsilon / 2) / (1 + math.exp(epsilon / 2)),
+                                  abs=2**-32)
+    assert sue.q == 1 - sue.p
+    assert _within(sue.epsilon, epsilon)
+
+
+@pytest.mark.parametrize("epsilon", [0.3, 6.0, 18.0, 22.0, 23.0, 25.0, 40.0, 700.0])
+def test_the_stated_epsilon_is_the_realized_one(epsilon: float) -> None:
+    """`bernoulli` realizes P as ⌊P·2^32⌉/2^32; an encoder's probabilities are on that grid
+    already, rounded toward less information, so the ε its reports realize is the one it
+    states, and at most the one asked for. Rounded to nearest, P(yes | no) = 1e-10 (ε = 23)
+    became 0: every report the truth (a review found ε = ∞ from about 22.2)."""
+    grid = 2.0 ** 32
+    channels = [RandomizedResponse.from_epsilon(epsilon),
+                RandomizedResponse.from_coins(h=2 / (1 + math.exp(epsilon))),
+                UnaryEncoding.optimized(["a", "b", "c"], epsilon),
+                UnaryEncoding.symmetric(["a", "b"], epsilon)]
+    for channel in channels:
+        probabilities = (channel.p_one, channel.p_zero) if isinstance(
+            channel, RandomizedResponse) else (channel.p, channel.q)
+        assert all((p * grid).is_integer() for p in probabilities)
+        assert min(probabilities) > 0 and max(probabilities) < 1
+        assert math.isfinite(channel.epsilon) and channel.epsilon <= epsilon * (
+            1 + 1e-12), channel
+    # explicit probabilities off the grid: rounded the safe way
+    lopsided = RandomizedResponse(1 - 1e-12, 1e-12)
+    assert (lopsided.p_one, lopsided.p_zero) == (1 - 1 / grid, 1 / grid)
 
 
 def test_coin_parametrization() -> None:

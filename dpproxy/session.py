@@ -368,8 +368,9 @@ class Engine:
         apply from their next statement (a revoked table is refused from then on, repeats
         included). A budget edited for an existing analyst is logged and left: the ledger
         holds the live budget (`dpproxy budget set`). Any other change to the file waits
-        for a restart and is logged; so is a file that no longer loads. One stat of the
-        file when nothing changed."""
+        for a restart and is logged, its analysts taken all the same; a file that no
+        longer loads is logged and changes nothing. One stat of the file when nothing
+        changed."""
         stamp = _stamp(self._read.path)
         if stamp == self._stamp:
             return
@@ -385,10 +386,9 @@ class Engine:
                 self._stamp = stamp
                 return
             if replace(fresh, analysts={}, version="") != replace(read, analysts={}, version=""):
-                _log.warning("policy %s changed beyond its analysts: restart to apply it",
-                             read.path.name)
-                self._stamp = stamp
-                return
+                # the analysts still apply: a revocation must not wait for the restart
+                _log.warning("policy %s changed beyond its analysts: restart to apply the "
+                             "rest; its analysts apply now", read.path.name)
             analysts = dict(fresh.analysts)
             kept = set(read.analysts) & set(analysts)
             for name in sorted(a for a in kept if analysts[a].budget != read.analysts[a].budget):

@@ -19,7 +19,7 @@ import pytest
 from dpproxy import errors
 from dpproxy.cli import main as cli
 from dpproxy.policy import load_policy
-from dpproxy.server import admin
+from dpproxy.server import admin, codec
 from dpproxy.server.scram import make_verifier
 from dpproxy.session import Engine
 
@@ -29,6 +29,7 @@ from .test_server_support import (
     Served,
     ServeFactory,
     admin_policy_snippet,
+    raw_clients,
 )
 
 ACCEPTED = "SELECT occupation, COUNT(*) AS n FROM adult GROUP BY occupation"
@@ -152,6 +153,49 @@ def test_grants_and_role_follow_the_policy_file(serve: ServeFactory,
         alice.execute(shape, [30], prepare=True).fetchall()
         (row,) = alice.execute(ADD_BOB).fetchall()
         assert row[0] == "analyst:bob"
+
+
+def test_a_revocation_applies_while_other_edits_wait(serve: ServeFactory,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """An edit outside the analysts (a privacy default) waits for a restart; a revocation
+    made with it, or after it, still applies from the next statement. (It was dropped
+    with the rest until the restart, a review found: the revoked analyst kept reading.)"""
+    served = serve()
+    with psycopg.connect(served.dsn(), autocommit=True) as alice:
+        alice.execute("SELECT COUNT(*) FROM visits").fetchall()
+        text = served.policy_path.read_text()
+        pending = text.replace("default_epsilon = 0.1 ", "default_epsilon = 0.3 ")
+        assert pending != text and ALICE in text
+        with caplog.at_level(logging.WARNING, logger="dpproxy"):
+            served.policy_path.write_text(pending)
+            alice.execute("SELECT COUNT(*) FROM adult").fetchall()
+            assert "restart to apply the rest" in caplog.text
+        served.policy_path.write_text(pending.replace(ALICE, ALICE.replace('"visits", ', "")))
+        spent = served.spent()
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            alice.execute("SELECT COUNT(*) FROM visits WHERE amount > 3")
+        assert served.spent() == spent
+        assert served.engine.policy.privacy.default_epsilon == 0.1
+
+
+def test_a_portal_bound_before_a_revocation_is_refused(serve: ServeFactory) -> None:
+    """Parse and Bind while granted, Execute after the revocation: refused (42501), as a
+    new statement is, and nothing charged."""
+    served = serve()
+    for connect in raw_clients(served):
+        client = connect()
+        client.send(codec.Parse("", "SELECT COUNT(*) FROM visits WHERE amount > 21"),
+                    codec.Bind("", "", (), (), ()), codec.Flush())
+        assert isinstance(client.until(codec.BindComplete)[-1], codec.BindComplete)
+        text = served.policy_path.read_text()
+        served.policy_path.write_text(text.replace(ALICE, ALICE.replace('"visits", ', "")))
+        spent = served.spent()
+        client.send(codec.Execute("", 0), codec.Sync())
+        replies = client.until(codec.ReadyForQuery)
+        errors_ = [m for m in replies if isinstance(m, codec.ErrorResponse)]
+        assert errors_ and dict(errors_[0].fields)["C"] == "42501", replies
+        assert not any(isinstance(m, codec.DataRow) for m in replies)
+        assert served.spent() == spent
 
 
 def test_a_shape_stored_across_a_revocation_is_not_trusted(engine: Engine) -> None:

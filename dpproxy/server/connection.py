@@ -765,7 +765,8 @@ class ClientConnection:
                 return
             if self._skip_until_sync and not isinstance(message, Sync):
                 continue  # after an error in the extended protocol, up to the next Sync
-            if isinstance(message, Query | Parse | Bind):  # Bind: a prepared statement's run
+            # Bind: a prepared statement's run; Execute: a portal bound before a revocation
+            if isinstance(message, Query | Parse | Bind | Execute):
                 await self._still_an_analyst()
             if isinstance(message, Query):
                 await self._simple_query(message.sql)

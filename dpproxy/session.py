@@ -360,7 +360,7 @@ class Engine:
         `refresh_analysts`."""
         return _stamp(self._read.path) != self._stamp
 
-    def refresh_analysts(self) -> None:
+    def refresh_analysts(self, force: bool = False) -> None:
         """Take the analysts of the policy file as it is now, if only its analysts changed:
         those added (`dpproxy analyst add`, or its SQL over the wire) with their new ledger
         accounts, those removed, new `password_scram` verifiers (the only way to change a
@@ -370,12 +370,13 @@ class Engine:
         holds the live budget (`dpproxy budget set`). Any other change to the file waits
         for a restart and is logged, its analysts taken all the same; a file that no
         longer loads is logged and changes nothing. One stat of the file when nothing
-        changed."""
+        changed; `force`: read it all the same (an engine built on a policy loaded
+        earlier, as a restarted server worker's is)."""
         stamp = _stamp(self._read.path)
-        if stamp == self._stamp:
+        if stamp == self._stamp and not force:
             return
         with self._refresh_lock:
-            if stamp == self._stamp:
+            if stamp == self._stamp and not force:
                 return
             read = self._read
             try:

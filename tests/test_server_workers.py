@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -182,6 +183,48 @@ def test_analysts_added_and_removed_reach_every_worker(
     finally:
         for bob in bobs:
             bob.close()
+
+
+def _worker_pids(parent: int) -> list[int]:
+    """The server's worker processes (spawned children; not multiprocessing's tracker)."""
+    children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+    return [int(pid) for pid in children
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+def test_a_restarted_worker_serves_the_policy_its_siblings_serve(
+        workers: Callable[..., Workers]) -> None:
+    """A policy edit beyond the analysts waits for the server's restart: a worker killed
+    and started again serves the policy the server started with, as its sibling does (it
+    read the file anew, a review found: one query, two ε). An analyst edit made meanwhile
+    reaches it all the same. All 32 connections on one worker: probability 2 * 2**-32."""
+    served = workers()
+    text = served.policy.read_text()
+    assert "default_epsilon = 0.1 " in text and '"visits", ' in text
+    served.policy.write_text(text.replace("default_epsilon = 0.1 ", "default_epsilon = 0.3 ")
+                             .replace('"visits", ', "", 1))
+    pids = _worker_pids(served.process.pid)
+    assert len(pids) == 2
+    os.kill(pids[0], signal.SIGKILL)
+    assert served.wait_for_log(lambda log: any("starting another" in line for line in log))
+    deadline = time.monotonic() + 60
+    while True:  # until the new worker listens too
+        conns = [psycopg.connect(served.dsn(), autocommit=True) for _ in range(32)]
+        if {pid_owner(c.info.backend_pid) for c in conns} == {0, 1} \
+                or time.monotonic() > deadline:
+            break
+        for conn in conns:
+            conn.close()
+        time.sleep(0.2)
+    try:
+        assert {pid_owner(c.info.backend_pid) for c in conns} == {0, 1}
+        for conn in conns:
+            assert conn.execute("SHOW dpproxy.epsilon").fetchone() == ("0.1",)
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("SELECT COUNT(*) FROM visits")
+    finally:
+        for conn in conns:
+            conn.close()
 
 
 def test_32_clients_on_2_workers_never_overspend(workers: Callable[..., Workers]) -> None:

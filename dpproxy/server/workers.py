@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import errors
-from ..policy import ServerSettings, load_policy
+from ..policy import Policy, ServerSettings, load_policy
 from .server import SHUTDOWN_GRACE_S, pid_owner
 
 log = logging.getLogger("dpproxy.server")
@@ -123,9 +123,11 @@ def _die_with_parent(parent: int) -> None:
         sys.exit(1)
 
 
-def _worker_main(policy_path: Path, settings: ServerSettings, shared: WorkerShared,
+def _worker_main(policy: Policy, settings: ServerSettings, shared: WorkerShared,
                  ready: Any, log_level: int, parent: int) -> None:
-    """A worker process: its own engine and asyncio server until SIGTERM or SIGINT."""
+    """A worker process: its own engine and asyncio server until SIGTERM or SIGINT, on the
+    policy the server started with (a worker started again later must not serve an edit
+    its siblings wait to restart for), with the file's analysts as they are now."""
     import asyncio
 
     _die_with_parent(parent)
@@ -157,7 +159,8 @@ def _worker_main(policy_path: Path, settings: ServerSettings, shared: WorkerShar
         await server.shutdown()
         shared.queues[shared.index].put(None)
 
-    with Engine(load_policy(policy_path)) as engine:
+    with Engine(policy) as engine:
+        engine.refresh_analysts(force=True)
         asyncio.run(main(engine))
 
 
@@ -165,6 +168,7 @@ def serve_workers(policy_path: Path, settings: ServerSettings, workers: int,
                   announce: Any = None) -> int:
     """Run `workers` server processes on one port until SIGTERM or SIGINT; returns the exit
     status (0 when every worker stopped cleanly). `announce(port)` once all listen."""
+    policy = load_policy(policy_path)  # once: every worker, restarted ones too, serves it
     reserved, port = _reserve_port(settings.host, settings.port)
     settings = replace(settings, port=port)
     counts = _ctx.Array("i", workers)
@@ -179,7 +183,7 @@ def serve_workers(policy_path: Path, settings: ServerSettings, workers: int,
         with counts.get_lock():
             counts[index] = 0  # a dead worker's connections died with it
         process = _ctx.Process(target=_worker_main, name=f"dpproxy-worker-{index}",
-                               args=(policy_path, settings,
+                               args=(policy, settings,
                                      WorkerShared(index, counts, queues), ready, level,
                                      os.getpid()))
         process.start()

@@ -223,7 +223,7 @@ class NoActiveSqlTransaction(InternalError):
 
 
 class ProgramLimitExceeded(OperationalError):
-    """A limit of the server (here: the most rows a result may have)."""
+    """A limit of the server: the most rows a result may have, how deeply a query nests."""
 
     sqlstate = "54000"
 

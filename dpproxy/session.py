@@ -196,6 +196,12 @@ def _stamp(path: Path) -> tuple[int, int, int] | None:
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
+def _too_deep() -> errors.ProgramLimitExceeded:
+    return errors.ProgramLimitExceeded(
+        "the query is nested too deeply to analyse",
+        hint="write long lists of conditions as IN (…), or split the expression")
+
+
 class Engine:
     """Everything sessions on one policy share. Thread-safe."""
 
@@ -496,6 +502,15 @@ class Session:
     def execute(self, sql: str, params: Parameters = None) -> Result:
         """Run one statement string; with several (session statements around at most one
         query), return the last statement's result."""
+        try:
+            return self._execute(sql, params)
+        except RecursionError:
+            # the shape of the query, never its data, decides this (54001 in PostgreSQL)
+            exc = _too_deep()
+            self._audit(sql, "rejected", exc)
+            raise exc from None
+
+    def _execute(self, sql: str, params: Parameters) -> Result:
         # the analyst's grants and role as the engine holds them now (`refresh_analysts`);
         # one removed from the policy runs nothing more (the server ends its connections)
         current = self.engine.policy.analysts.get(self.analyst.name)
@@ -524,6 +539,12 @@ class Session:
     def describe(self, sql: str, params: Parameters = None) -> Description:
         """Columns and types the last statement of `sql` would return; runs and charges
         nothing. Raises the same rejection `execute` would for a query."""
+        try:
+            return self._describe(sql, params)
+        except RecursionError:
+            raise _too_deep() from None
+
+    def _describe(self, sql: str, params: Parameters) -> Description:
         statement = parse_statements(sql, params)[-1]
         if statement.kind == "explain":
             return Description(("QUERY PLAN",), (statement.explain_format,))

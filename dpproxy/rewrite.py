@@ -65,6 +65,7 @@ from .rewrite_postgres import (
     clamps_in_double,
     clamps_in_integer,
     make_total_postgres,
+    per_unit_digits,
 )
 from .shapes import parameter_type, slot_index
 
@@ -588,6 +589,9 @@ def per_unit_source(per_unit: PerUnit, dialect: str) -> exp.Expression:
     table = per_unit.table
     items: list[exp.Expression] = []
     for value in per_unit.values:
+        if dialect == "postgres" and value.argument is not None \
+                and value.function in ("sum", "avg", "min", "max"):
+            per_unit_digits(value.argument, table)
         argument = None if value.argument is None \
             else make_total(value.argument, table, dialect)
         call: exp.Expression

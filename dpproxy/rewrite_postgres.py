@@ -90,6 +90,17 @@ _FIRST_TRUNCATABLE_DATES = {
 }
 # NUMERIC overflows beyond 131072 digits before the decimal point; stay well below.
 MAX_DIGITS = 100_000
+# The digits² a row's NUMERIC divisions (and %) may cost together: a division's time grows
+# with the product of its operands' digits (98,000 by 49,000 digits: 0.4 s), and only the
+# rows an expression reaches pay it, so wide divisions could make a query's time tell
+# whether a chosen row exists. This bound is about 4 ms a row; two columns' division is
+# 640,000 (they count 800 digits each).
+MAX_DIVISION_WORK = 50_000_000
+# A value per person (`analyze.per_unit`) is read by the outer query as a column, of
+# _COLUMN_DIGITS: its argument may be no wider than a column. (A sum over up to 10^20 rows
+# adds 20 digits the outer estimate does not see: within MAX_DIGITS that leaves NUMERIC's
+# limit more than 30,000 digits away. n · 1e50000 of n = MAX(x · 1e99000) overflowed.)
+PER_UNIT_DIGITS = 400
 _COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
 # A literal compared with a column as it is: converted to float4 at worst, never overflowing.
 _PLAIN_LITERAL_LIMIT = 1e15
@@ -388,16 +399,36 @@ def check_magnitude(node: exp.Expression, typed: Typer) -> tuple[int, int]:
     >>> check_magnitude(parse_one("2 * 3.25"), lambda n: ExprType("num"))
     (2, 2)
     """
-    digits = _digits(node, typed)
+    work = [0]
+    digits = _digits(node, typed, work)
     if digits[0] > MAX_DIGITS:
         raise NotSupportedError(
             "the expression could produce numbers too large for PostgreSQL's NUMERIC",
             hint="clamp intermediate values with LEAST/GREATEST, or simplify the expression")
+    if work[0] > MAX_DIVISION_WORK:
+        raise NotSupportedError(
+            "the expression divides numbers too wide for PostgreSQL's NUMERIC to do it "
+            "quickly on every row", hint="divide narrower values (clamp them with "
+                                         "LEAST/GREATEST), or fewer times")
     return digits
 
 
-def _digits(node: exp.Expression, typed: Typer) -> tuple[int, int]:
-    children = [_digits(c, typed) for c in node.iter_expressions()]
+def per_unit_digits(node: exp.Expression, table: TablePolicy) -> None:
+    """Refuse (before any charge) an argument of a value per person whose sum could have
+    more digits than the outer query reads a column to have (PER_UNIT_DIGITS)."""
+    resolve = make_resolver(table.name, None, table.columns)
+    digits = check_magnitude(node, lambda n: type_row_expression(
+        n, lambda c: resolve(exp.column(c.name))))
+    if digits[0] > PER_UNIT_DIGITS:
+        raise NotSupportedError(
+            "a value per person could be too large for PostgreSQL's NUMERIC",
+            hint="clamp the argument inside the subquery with LEAST/GREATEST")
+
+
+def _digits(node: exp.Expression, typed: Typer, work: list[int]) -> tuple[int, int]:
+    """(digits before the point, after it) of node's value; adds its divisions' digits²
+    to work[0]."""
+    children = [_digits(c, typed, work) for c in node.iter_expressions()]
     for before, _ in children:
         if before > MAX_DIGITS:
             return before, 0
@@ -423,8 +454,10 @@ def _digits(node: exp.Expression, typed: Typer) -> tuple[int, int]:
     if isinstance(node, exp.Mul):
         (a, sa), (b, sb) = children[0], children[1]
         return a + b, min(sa + sb, 16383)  # NUMERIC rounds products beyond 16383 decimals
+    if isinstance(node, exp.Div | exp.Mod):
+        (a, sa), (b, sb) = children[0], children[1]
+        work[0] += (a + sa) * (b + sb)
     if isinstance(node, exp.Div):
-        (a, _), (_, sb) = children[0], children[1]
         # |a / b| <= |a| / (smallest nonzero |b|) = |a| * 10^(decimals of b)
         return a + sb + 1, _DIVISION_SCALE
     if isinstance(node, exp.Round | exp.Floor | exp.Ceil | exp.Trunc):

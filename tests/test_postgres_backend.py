@@ -353,6 +353,16 @@ def test_queries_run_or_are_rejected_up_front(make_policy: Any, sql: str) -> Non
     ("SELECT COUNT(*) FROM visits WHERE CAST(day AS INT) > 0", "CAST of a date"),
     ("SELECT COUNT(*) FROM adult WHERE FLOOR(age, 1) > 3", "ROUND"),
     ("SELECT COUNT(*) FROM adult WHERE age * 1e99999 * 1e99999 > 0", "too large"),
+    # a division's cost grows with its digits (98,000 by 49,000: 0.4 s a row), so wide
+    # numbers could make a query's time tell whether a chosen row exists (a review)
+    ("SELECT COUNT(*) FROM adult WHERE (age + 1e98000 / 7) / (age + 1e49000 / 7) > 0",
+     "divides numbers too wide"),
+    # a value per person is read outside as a column of at most 400 digits: its argument
+    # must not be wider (n * 1e50000 overflowed NUMERIC only where the person was)
+    ("SELECT COUNT(*) FROM (SELECT person_id, MAX(age * 1e990) AS n FROM adult GROUP BY "
+     "person_id) s WHERE n * 1e600 > 0", "value per person"),
+    ("SELECT COUNT(*) FROM (SELECT person_id, SUM(age * 1e500) AS n FROM adult GROUP BY "
+     "person_id) s WHERE n > 0", "value per person"),
 ])
 def test_what_cannot_be_total_is_rejected_for_free(make_policy: Any, sql: str,
                                                    message: str) -> None:

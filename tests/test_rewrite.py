@@ -465,13 +465,13 @@ TOTAL_TABLE = TablePolicy("t", {"a": ColumnPolicy("a", "int", 0, 10),
 
 @pytest.mark.parametrize(("sql", "total"), [
     ("a / b > 1",
-     'TRUNC(CAST("a" AS DOUBLE) / NULLIF(CAST("b" AS DOUBLE), 0)) > CAST(1 AS DOUBLE)'),
+     'TRUNC(CAST("a" AS DOUBLE) / NULLIF(CAST("b" AS DOUBLE), 0)) > CAST(1.0 AS DOUBLE)'),
     ("a / 2.0", 'CAST("a" AS DOUBLE) / NULLIF(CAST(2.0 AS DOUBLE), 0)'),
     ("f / a", 'CAST("f" AS DOUBLE) / NULLIF(CAST("a" AS DOUBLE), 0)'),
     ("a % b", 'CAST("a" AS DOUBLE) % NULLIF(CAST("b" AS DOUBLE), 0)'),
     ("CAST(s AS INT)", 'CAST(TRY_CAST("s" AS INT) AS DOUBLE)'),
     ("CAST(s AS DATE)", 'TRY_CAST("s" AS DATE)'),
-    ("LENGTH(s) + 1", 'CAST(LENGTH("s") AS DOUBLE) + CAST(1 AS DOUBLE)'),
+    ("LENGTH(s) + 1", 'CAST(LENGTH("s") AS DOUBLE) + CAST(1.0 AS DOUBLE)'),
     ("a * a * a", 'CAST("a" AS DOUBLE) * CAST("a" AS DOUBLE) * CAST("a" AS DOUBLE)'),
 ])
 def test_make_total_rewrites(sql: str, total: str) -> None:

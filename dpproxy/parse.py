@@ -540,7 +540,9 @@ def to_literal(value: Any) -> exp.Expression:
     if isinstance(value, bool):
         return exp.Boolean(this=value)
     if isinstance(value, int | float | decimal.Decimal):
-        if not (value.is_finite() if isinstance(value, decimal.Decimal) else math.isfinite(value)):
+        # an int is finite (math.isfinite would overflow on 10**400)
+        if not isinstance(value, int) and not (
+                value.is_finite() if isinstance(value, decimal.Decimal) else math.isfinite(value)):
             raise ProgrammingError(f"{value} is not a valid parameter: use a finite number")
         node = exp.Literal.number(abs(value))
         return exp.Neg(this=node) if value < 0 else node
@@ -549,6 +551,11 @@ def to_literal(value: Any) -> exp.Expression:
     if isinstance(value, dt.date):
         return exp.cast(exp.Literal.string(value.isoformat()), "DATE")
     if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: no backend could read it
+            raise ProgrammingError("a text parameter is not valid Unicode",
+                                   hint="pass text without lone surrogates") from None
         return exp.Literal.string(value)
     if isinstance(value, list | tuple) and not any(isinstance(v, list | tuple) for v in value):
         # an array, as `col = ANY(%s)` takes a list (the analyzer reads it as IN)

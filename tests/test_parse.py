@@ -280,7 +280,7 @@ def test_wrong_parameters_are_programming_errors(sql: str, params: Any) -> None:
 
 
 @pytest.mark.parametrize("value", [b"bytes", [[1]], {"a": 1}, object(), float("nan"),
-                                   dt.time(12, 0)])
+                                   dt.time(12, 0), "lone \ud800 surrogate"])
 def test_unsupported_parameter_types_are_programming_errors(value: Any) -> None:
     with pytest.raises(errors.ProgrammingError):
         parse_statements(QUERY, [value])
@@ -290,6 +290,7 @@ def test_unsupported_parameter_types_are_programming_errors(value: Any) -> None:
 
 def test_to_literal_nodes() -> None:
     assert isinstance(to_literal(None), exp.Null)
+    assert to_literal(10**400) == exp.Literal.number(10**400)  # an int is finite
     assert isinstance(to_literal(True), exp.Boolean) and to_literal(True).this is True
     negative = to_literal(-3)
     assert isinstance(negative, exp.Neg) and negative.this == exp.Literal.number(3)

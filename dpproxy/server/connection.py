@@ -570,7 +570,8 @@ class ClientConnection:
             self._orphan = future  # the next statement waits for this one's thread
             raise QueryCanceled(
                 "canceling statement due to statement timeout",
-                detail="the query had already been charged; its result is withheld" if charged
+                detail="the query had already been charged: it finishes, and repeating it "
+                       "returns its answer at no further cost" if charged
                 else "nothing was charged",
                 hint=f"server.statement_timeout_s is {timeout:g}")
 

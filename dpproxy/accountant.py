@@ -1199,6 +1199,9 @@ class Ledger:
             self._store.lock_accounts(db, [account])
             be, bd, *_ = self._row(db, account)
             ne, nd = _DOWN.add(be, eps), _DOWN.add(bd, delta)
+            if not math.isfinite(float(ne)):  # finite grants whose sum is not (1e308 twice)
+                raise InvalidParameterValue(f"grant would make the epsilon budget of {account} "
+                                            f"{_fmt(ne)}, beyond any number of double range")
             if nd >= 1:
                 raise InvalidParameterValue(f"grant would make the delta budget of {account} "
                                             f"{_fmt(nd)}, which must stay < 1")
@@ -1217,7 +1220,7 @@ class Ledger:
             self._store.lock_accounts(db, [account])
             row = self._row(db, account)
             if keep_delta:
-                delta = _num(row[1])
+                delta = Decimal(row[1])  # as stored: a float would round it (up, maybe)
             db.execute("UPDATE accounts SET budget_epsilon = ?, budget_delta = ? WHERE account = ?",
                        (str(eps), str(delta), account))
             self._admin_event(time.time(), by, account, "set_budget", eps, delta)

@@ -48,7 +48,9 @@ class AuditLog:
         entry: dict[str, Any] = {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                  **{k: v for k, v in record.__dict__.items() if v is not None}}
         entry["statement"] = without_passwords(record.statement)
-        line = json.dumps(entry, ensure_ascii=False, separators=(",", ":")) + "\n"
+        # ASCII: a U+2028 or U+0085 in a statement stays escaped, so every record is one
+        # line whatever splits the file into lines
+        line = json.dumps(entry, separators=(",", ":")) + "\n"
         with self._lock:
             f = self._open()
             f.write(line)

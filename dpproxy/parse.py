@@ -132,24 +132,34 @@ def split_statements(sql: str) -> list[tuple[str, list[Token], int]]:
     return pieces
 
 
-def sets_password(tokens: Sequence[Token]) -> bool:
+def keyword(token: Token) -> str:
+    """A token's text as a keyword, upper case; "" for non-ASCII text, which is never one
+    (as in PostgreSQL: "paſſword".upper() is "PASSWORD" in Python)."""
+    return token.text.upper() if token.text.isascii() else ""
+
+
+def sets_password(tokens: Sequence[Token], loose: bool = False) -> bool:
     """Whether a statement's tokens are a CREATE or ALTER of a ROLE or USER naming a
-    PASSWORD: a statement the audit log must not keep as written."""
-    return len(tokens) >= 3 and tokens[0].text.upper() in ("ALTER", "CREATE") \
-        and tokens[1].text.upper() in ("ROLE", "USER") \
-        and any(t.text.upper() == "PASSWORD" for t in tokens[2:])
+    PASSWORD: a statement the audit log must not keep as written. `loose`: any word that
+    case-folds to one of those counts (what a log leaves out, to be safe)."""
+    def word(t: Token) -> str:
+        return t.text.casefold().upper() if loose else keyword(t)
+    return len(tokens) >= 3 and word(tokens[0]) in ("ALTER", "CREATE") \
+        and word(tokens[1]) in ("ROLE", "USER") \
+        and any(word(t) == "PASSWORD" for t in tokens[2:])
 
 
 def without_passwords(sql: str) -> str:
-    """`sql` as a log may keep it: a statement setting a password (`sets_password`) is
-    replaced by a note, and so is text that does not tokenize but mentions one."""
-    if "password" not in sql.lower():  # no such statement without the word: no tokenizing
+    """`sql` as a log may keep it: a statement setting a password, or looking as if it
+    might (`sets_password`, loosely), is replaced by a note, and so is text that does not
+    tokenize but mentions one."""
+    if "password" not in sql.casefold():  # no such statement without the word
         return sql
     try:
         pieces: list[tuple[str, list[Token], int]] | None = split_statements(sql)
     except SyntaxError:
         pieces = None
-    if pieces is None or any(sets_password(tokens) for _, tokens, _ in pieces):
+    if pieces is None or any(sets_password(tokens, loose=True) for _, tokens, _ in pieces):
         return "(statement not logged: it sets a password)"
     return sql
 
@@ -249,7 +259,7 @@ def _parse_unbound(sql: str, params: Parameters) -> tuple[Statement, ...]:
 
 
 def _word(tokens: Sequence[Token], i: int) -> str:
-    return tokens[i].text.upper() if i < len(tokens) else ""
+    return keyword(tokens[i]) if i < len(tokens) else ""
 
 
 def _classify(text: str, tokens: list[Token]) -> Statement:

@@ -15,7 +15,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -55,11 +55,14 @@ def _editing(path: Path) -> Iterator[None]:
 
 
 def add_analyst(path: Path, name: str, tables: Sequence[str], epsilon: float | None,
-                delta: float, role: str = "analyst") -> None:
+                delta: float, role: str = "analyst",
+                before_write: Callable[[], None] | None = None) -> None:
     """Append `[analysts.<name>]` with its tables and budget (none for an admin without
-    one) to the policy file."""
+    one) to the policy file. `before_write` runs once every check passed, before the file
+    names the analyst (a password an earlier analyst of that name left is forgotten then:
+    not before a refusal, which would drop a current analyst's)."""
     with _editing(path):
-        _add_analyst(path, name, tables, epsilon, delta, role)
+        _add_analyst(path, name, tables, epsilon, delta, role, before_write)
 
 
 def remove_analyst(path: Path, name: str) -> None:
@@ -70,10 +73,20 @@ def remove_analyst(path: Path, name: str) -> None:
 
 
 def _add_analyst(path: Path, name: str, tables: Sequence[str], epsilon: float | None,
-                 delta: float, role: str) -> None:
+                 delta: float, role: str, before_write: Callable[[], None] | None = None
+                 ) -> None:
     policy = load_policy(path)
     if name in policy.analysts:
         raise InvalidParameterValue(f"analyst {name!r} is already in policy {path.name}")
+    if not name or name != name.strip():
+        raise InvalidParameterValue(f"analyst name {name!r} is empty or starts or ends with "
+                                    "a space")
+    # ALTER ROLE Alice folds to alice, as PostgreSQL does: two analysts apart by case alone
+    # would receive each other's passwords
+    alike = [a for a in policy.analysts if a.lower() == name.lower()]
+    if alike:
+        raise InvalidParameterValue(f"analyst {name!r} differs from analyst {alike[0]!r} "
+                                    "only by case", hint="choose another name")
     if role not in ROLES:
         raise InvalidParameterValue(f"role must be one of {', '.join(ROLES)}, got {role!r}")
     unknown = [t for t in tables if t not in policy.tables]
@@ -91,6 +104,8 @@ def _add_analyst(path: Path, name: str, tables: Sequence[str], epsilon: float | 
     if tables:
         lines.append(f"tables = [{', '.join(json.dumps(t) for t in tables)}]")
     text = path.read_text()
+    if before_write is not None:
+        before_write()
     _replace(path, text.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n",
              {*policy.analysts, name})
 

@@ -3,6 +3,7 @@ across threads and processes, durability across a killed process, schema version
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import signal
@@ -12,6 +13,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import closing
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -376,6 +379,27 @@ def test_set_budget_may_keep_delta(ledger_at: LedgerAt) -> None:
         ledger.set_budget(ALICE, Cost(50.0), by="admin:root")  # δ set to 0, below spent
         with pytest.raises(BudgetExceeded, match="δ already spent exceeds the δ budget"):
             spend(ledger, Cost(0.1))
+
+
+def test_set_budget_keeps_delta_exactly_as_stored(tmp_path: Path) -> None:
+    """Not through a float, which rounded 0.29999999999999999 up to 0.3: budget out of
+    rounding (a review found)."""
+    path = tmp_path / "exact.db"
+    with Ledger(path, {ALICE: Cost(1.0, 0.2)}) as ledger:
+        ledger.grant(ALICE, Cost(0.0, 0.09999999999999999), by="admin:root")
+        ledger.set_budget(ALICE, Cost(2.0), by="admin:root", keep_delta=True)
+    with closing(sqlite3.connect(path)) as db:
+        (delta,), = db.execute("SELECT budget_delta FROM accounts WHERE account = ?",
+                               (ALICE,)).fetchall()
+    assert Decimal(delta) == Decimal("0.29999999999999999")
+
+
+def test_grants_cannot_add_up_to_infinity(ledger_at: LedgerAt) -> None:
+    with ledger_at("inf.db", {ALICE: Cost(1.0)}) as ledger:
+        ledger.grant(ALICE, Cost(1e308, 0.0), by="admin:root")
+        with pytest.raises(InvalidParameterValue, match="beyond"):
+            ledger.grant(ALICE, Cost(1e308, 0.0), by="admin:root")
+        assert math.isfinite(ledger.status(ALICE).budget.epsilon)
 
 
 # -- schema -----------------------------------------------------------------------------------

@@ -283,6 +283,11 @@ def test_admin_analyst_commands_are_checked(serve: ServeFactory) -> None:
              psycopg.errors.FeatureNotSupported),
             ("ALTER ROLE alice PASSWORD ''", psycopg.errors.InvalidParameterValue),
             ("ALTER ROLE nobody PASSWORD 'x'", psycopg.errors.UndefinedObject),
+            # apart from alice by case or spaces alone: ALTER ROLE Alice would reach alice
+            ("CALL dpproxy.add_analyst('Alice', 'adult', 1.0)",
+             psycopg.errors.InvalidParameterValue),
+            ("CALL dpproxy.add_analyst('alice ', 'adult', 1.0)",
+             psycopg.errors.InvalidParameterValue),
         ]:
             with pytest.raises(error):
                 conn.execute(sql)
@@ -300,6 +305,24 @@ def test_admin_analyst_commands_are_checked(serve: ServeFactory) -> None:
     assert (carol.role, carol.tables, carol.budget.epsilon) == ("analyst", ("adult", "visits"),
                                                                1.5)
     assert (root.role, root.tables, root.budget) == ("admin", (), None)
+
+
+def test_a_refused_add_keeps_the_analyst_s_password(serve: ServeFactory) -> None:
+    """add_analyst of a name already there is refused, and alice's password (changed by
+    herself) still logs in: the stored one was not forgotten before the refusal (it was,
+    a review found, bringing the policy's older password back). A password statement
+    spelt with a non-ASCII letter is not one (as in PostgreSQL), and is not logged."""
+    served = serve(admin_policy_snippet())
+    with psycopg.connect(served.dsn(), autocommit=True) as alice:
+        alice.execute("ALTER ROLE CURRENT_USER PASSWORD 'alice-new'")
+        with pytest.raises(psycopg.errors.FeatureNotSupported):
+            alice.execute("ALTER ROLE alice pa\u017f\u017fword 'TopSecret-1'")
+    with _admin(served) as conn, pytest.raises(psycopg.errors.InvalidParameterValue):
+        conn.execute("CALL dpproxy.add_analyst('alice', NULL, 1)")
+    psycopg.connect(served.dsn(password="alice-new")).close()
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(served.dsn(password=PASSWORD))
+    assert "TopSecret-1" not in _audit(served)
 
 
 def test_the_cli_reaches_a_running_server(serve: ServeFactory,

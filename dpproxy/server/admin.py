@@ -46,7 +46,7 @@ from sqlglot.tokens import Token, TokenType
 
 from .. import errors, policy_edit
 from ..accountant import AccountStatus, Cost
-from ..parse import DIALECT, bind_parameters, sets_password, split_statements
+from ..parse import DIALECT, bind_parameters, keyword, sets_password, split_statements
 from ..session import Description, Engine, Result, analyst_account
 from .credentials import CredentialStore
 from .scram import parse_verifier
@@ -167,7 +167,7 @@ def _role_name(token: Token) -> str | None:
     "" for CURRENT_USER and its synonyms (`_resolved` makes it the analyst asking)."""
     if token.token_type == TokenType.IDENTIFIER:
         return token.text
-    if token.text.upper() in _YOURSELF:
+    if keyword(token) in _YOURSELF:
         return ""
     if token.token_type == TokenType.VAR or token.text.isidentifier():
         return token.text.lower()
@@ -183,7 +183,7 @@ def _alter_role(tokens: list[Token], params: Sequence[object] | None) -> AdminCo
     rest = tokens[3:]
     if rest and rest[0].token_type == TokenType.WITH:
         rest = rest[1:]
-    if name is None or not rest or rest[0].text.upper() != "PASSWORD":
+    if name is None or not rest or keyword(rest[0]) != "PASSWORD":
         raise _only_password()
     value = rest[1:]
     if len(value) == 1 and value[0].token_type == TokenType.STRING:
@@ -222,7 +222,7 @@ def command(sql: str, params: Sequence[object] | None = None) -> AdminCommand | 
     text, tokens = pieces[0][0], pieces[0][1]
     if tokens[0].token_type == TokenType.ALTER:
         return _alter_role(tokens, params)
-    if tokens[0].text.upper() == "CALL":
+    if keyword(tokens[0]) == "CALL":
         # the tokenizer hands what follows CALL over as one string token
         return _call(text[tokens[0].end + 1:].strip(), params)
     if tokens[0].token_type != TokenType.SELECT:
@@ -335,11 +335,11 @@ def _edit_analysts(cmd: AdminCommand, engine: Engine, analyst: str,
     assert cmd.analyst is not None
     path = engine.policy.path
     if cmd.action == "add_analyst":
-        # before the policy names them: a password left by an earlier analyst of that name
-        # must never let anyone in
-        store.forget(cmd.analyst)
-        policy_edit.add_analyst(path, cmd.analyst, list(cmd.tables), cmd.epsilon,
-                                cmd.delta or 0.0, cmd.role)
+        # once it is checked, before the policy names them: a password left by an earlier
+        # analyst of that name must never let anyone in
+        name = cmd.analyst
+        policy_edit.add_analyst(path, name, list(cmd.tables), cmd.epsilon,
+                                cmd.delta or 0.0, cmd.role, lambda: store.forget(name))
     else:
         if cmd.analyst == analyst:
             raise errors.ObjectInUse("the current analyst cannot be removed",

@@ -117,9 +117,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_add(args: argparse.Namespace) -> int:
     from ..policy_edit import add_analyst, table_names
+    from .credentials import CredentialStore
 
+    # a password left by an earlier analyst of that name (removed by hand) lets no one in
+    store = CredentialStore(load_policy(args.policy))
     add_analyst(args.policy, args.name, table_names(args.tables), args.epsilon, args.delta,
-                args.role)
+                args.role, lambda: store.forget(args.name))
     print(f"analyst {args.name} added to {args.policy} (a running `dpproxy serve` takes it "
           f"at the next login); set a password: dpproxy analyst passwd {args.name}")
     return 0

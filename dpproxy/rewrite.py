@@ -739,7 +739,10 @@ def released_key(value: exp.Expression, key: GroupKey, table: TablePolicy, diale
     Otherwise two groups the backend keeps apart (9.99 and 9.990000000000000000001)
     would become one key in Python, where one would replace the other: a single unit
     could then remove a large group. A coarser key computed per row changes nothing a
-    unit contributes."""
+    unit contributes. A date key likewise, as a date within the years Python holds (see
+    `_released_date`)."""
+    if key.column.type == "date":
+        return _released_date(value)
     if key.column.type not in ("int", "float"):
         return value
     if key.expression is None:
@@ -751,6 +754,24 @@ def released_key(value: exp.Expression, key: GroupKey, table: TablePolicy, diale
         # the cast costs nothing then, and keeps the key a double if a new construct is not
         return exp.cast(value, _DOUBLE)
     return _double_postgres(value)
+
+
+_FIRST_RELEASED_DATE = date_literal("0001-01-01")
+_LAST_RELEASED_DATE = date_literal("9999-12-31")
+
+
+def _released_date(value: exp.Expression) -> exp.Expression:
+    """A date key as it is released: its date (a DATE_TRUNC to the hour is a TIMESTAMP,
+    released as its day), within years 1 to 9999, which Python's dates hold (the backends
+    give infinity, BC dates and later years to Python as 0001-01-01 or 9999-12-31, or as
+    text); NULL stays NULL. Grouped apart, `infinity` and 9999-12-31 would be one key in
+    the release, where one person's group replaced a crowd's."""
+    day = exp.cast(value, _DATE.copy())
+    return exp.Case(ifs=[
+        exp.If(this=exp.GT(this=day.copy(), expression=_LAST_RELEASED_DATE.copy()),
+               true=_LAST_RELEASED_DATE.copy()),
+        exp.If(this=exp.LT(this=day.copy(), expression=_FIRST_RELEASED_DATE.copy()),
+               true=_FIRST_RELEASED_DATE.copy())], default=day)
 
 
 def _double_postgres(value: exp.Expression) -> exp.Expression:

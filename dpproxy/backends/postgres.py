@@ -196,12 +196,16 @@ def connection_options(dsn: str, statement_timeout_s: float, work_mem: str | Non
 
     >>> connection_options("postgresql://h/db?options=-csearch_path%3Dx", 2.5, "32MB")
     '-csearch_path=x -c default_transaction_read_only=on -c statement_timeout=2500 \
--c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=postgres -c work_mem=32MB'
+-c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=postgres -c extra_float_digits=3 \
+-c work_mem=32MB'
     """
     given = psycopg.conninfo.conninfo_to_dict(dsn).get("options") or ""
+    # extra_float_digits: every double as its shortest exact text (values are read as
+    # text): with 0, 15 digits would make two groups of distinct doubles one key in Python
     ours = ["-c default_transaction_read_only=on",
             f"-c statement_timeout={round(statement_timeout_s * 1000)}",
-            "-c TimeZone=UTC", "-c DateStyle=ISO,YMD", "-c IntervalStyle=postgres"]
+            "-c TimeZone=UTC", "-c DateStyle=ISO,YMD", "-c IntervalStyle=postgres",
+            "-c extra_float_digits=3"]
     if work_mem is not None:
         ours.append(f"-c work_mem={work_mem}")
     return " ".join([str(given), *ours]).strip()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import itertools
+import logging
 import math
 import operator
 from collections.abc import Callable, Sequence
@@ -34,6 +35,8 @@ from .windows import compute as compute_windows
 
 Interval = tuple[float, float]
 _T = TypeVar("_T")
+
+_log = logging.getLogger(__name__)
 
 # Private-key groups are selected column-wise where that gives exactly what the row-by-row
 # path (the dict of groups) gives; tests switch this off to compare the two.
@@ -131,7 +134,15 @@ def _exact_by_group(analysis: Analysis, rows: Sequence[tuple[object, ...]], key_
     key_rows = zip(*keys, strict=True) if keys else itertools.repeat((), len(rows))
     stat_rows = zip(*stats, strict=True) if stats else itertools.repeat((), len(rows))
     # a later row with the same normalised key replaces an earlier one, as dict() does
-    return dict(zip(key_rows, stat_rows, strict=True))  # type: ignore[arg-type]
+    by_group = dict(zip(key_rows, stat_rows, strict=True))  # type: ignore[arg-type]
+    if len(by_group) < len(rows):
+        # the rewrite groups every key as it is released (`rewrite.released_key`): two rows
+        # of one released key are a fault of it, which could let one unit replace a group;
+        # logged (the query's keys, never a value) for the operator, not raised: after the
+        # charge, an error here would tell the analyst something of the data
+        _log.warning("two backend groups were released as one key (keys: %s); please "
+                     "report this query's shape", ", ".join(k.name for k in analysis.keys))
+    return by_group
 
 
 def release(plan: QueryPlan, rows: Sequence[tuple[object, ...]]) -> Released:

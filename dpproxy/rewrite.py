@@ -194,6 +194,12 @@ def _total_node(node: exp.Expression, table: TablePolicy, integer_valued: bool
         return _in_double(node)
     if isinstance(node, exp.Cast | exp.TryCast):
         source = exp.TryCast(this=node.this, to=_BIGINT.copy()) if integer_valued else node.this
+        # a date-valued cast is a DATE (see the DATE_TRUNC branch), and within the dates
+        # DuckDB can also hold as a TIMESTAMP, the type a DATE meets beside a TIMESTAMP
+        if node.to.is_type(exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP,
+                           exp.DataType.Type.TIMESTAMPTZ):
+            return _date_within(exp.TryCast(this=source, to=_DATE.copy()),
+                                _FIRST_TIMESTAMP_DATE, _LAST_TIMESTAMP_DATE)
         safe = exp.TryCast(this=source, to=node.to)
         return exp.cast(safe, _DOUBLE) if _is_numeric_type(node.to) else safe
     if isinstance(node, exp.Substring):
@@ -243,7 +249,10 @@ def _total_node(node: exp.Expression, table: TablePolicy, integer_valued: bool
         first = _FIRST_TRUNCATABLE_DATES.get(unit.name.lower() if unit is not None else "",
                                              _FIRST_TIMESTAMP_DATE)
         node.set("this", _date_within(node.this, first, _LAST_TIMESTAMP_DATE))
-        return node
+        # its TIMESTAMP as a DATE (the same day): beside a DATE, DuckDB would convert the
+        # DATE to a TIMESTAMP, which fails, where a row reaches it, for a date beyond
+        # TIMESTAMP's range (294247-01-11 compared with DATE_TRUNC('year', day))
+        return exp.cast(node, _DATE.copy())
     return node
 
 

@@ -119,13 +119,16 @@ def test_an_interval_added_to_a_number_is_refused(engine: Engine, sql: str) -> N
 def test_a_statement_the_backend_cannot_plan_is_refused_uncharged(
         engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     """A rewrite fault (here: DATE_TRUNC's TIMESTAMP left as it is, which is how these
-    queries failed) is found by planning the statement before the charge: BackendError,
-    nothing charged; planned statements are not planned again."""
+    queries failed, or cast to an INTERVAL) is found by planning the statement before the
+    charge: BackendError, nothing charged; planned statements are not planned again."""
+    from sqlglot import exp
+
     import dpproxy.rewrite
     import dpproxy.rewrite_postgres
 
     for module in (dpproxy.rewrite, dpproxy.rewrite_postgres):
         monkeypatch.setattr(module, "as_date", lambda node: node)
+    monkeypatch.setattr(dpproxy.rewrite, "_DATE", exp.DataType.build("INTERVAL"))
     alice = engine.session("alice", epsilon=1.0)
     with pytest.raises(errors.BackendError) as raised:
         alice.execute(QUERIES[1])

@@ -470,7 +470,10 @@ TOTAL_TABLE = TablePolicy("t", {"a": ColumnPolicy("a", "int", 0, 10),
     ("f / a", 'CAST("f" AS DOUBLE) / NULLIF(CAST("a" AS DOUBLE), 0)'),
     ("a % b", 'CAST("a" AS DOUBLE) % NULLIF(CAST("b" AS DOUBLE), 0)'),
     ("CAST(s AS INT)", 'CAST(TRY_CAST("s" AS INT) AS DOUBLE)'),
-    ("CAST(s AS DATE)", 'TRY_CAST("s" AS DATE)'),
+    ("CAST(s AS DATE)",  # within the dates a TIMESTAMP holds too
+     'CASE WHEN TRY_CAST("s" AS DATE) BETWEEN CAST(\'290309-12-22 (BC)\' AS DATE) AND '
+     'CAST(\'294247-01-10\' AS DATE) OR NOT ISFINITE(TRY_CAST("s" AS DATE)) THEN '
+     'TRY_CAST("s" AS DATE) END'),
     ("LENGTH(s) + 1", 'CAST(LENGTH("s") AS DOUBLE) + CAST(1.0 AS DOUBLE)'),
     ("a * a * a", 'CAST("a" AS DOUBLE) * CAST("a" AS DOUBLE) * CAST("a" AS DOUBLE)'),
 ])

@@ -424,6 +424,7 @@ class _RowTyper:
         a, b = self.visit(node.this), self.visit(node.expression)
         if "date" in (a.kind, b.kind):
             self._date_offset(node.expression if a.kind == "date" else node.this)
+            _check_shifts(node)
             return ExprType("date", nullable=a.nullable or b.nullable)
         a, b = self._numeric(node.this, "+"), self._numeric(node.expression, "+")
         return _num(a.lower + b.lower, a.upper + b.upper, a.integer and b.integer,
@@ -438,6 +439,7 @@ class _RowTyper:
             return _num(a_lo - b_hi, a_hi - b_lo, True, a.nullable or b.nullable)
         if a.kind == "date":
             self._date_offset(node.expression)
+            _check_shifts(node)
             return ExprType("date", nullable=a.nullable or b.nullable)
         a, b = self._numeric(node.this, "-"), self._numeric(node.expression, "-")
         return _num(a.lower - b.upper, a.upper - b.lower, a.integer and b.integer,
@@ -891,6 +893,24 @@ _TRUNCATED: dict[str, Callable[[dt.date], dt.date]] = {
     "quarter": lambda d: d.replace(month=(d.month - 1) // 3 * 3 + 1, day=1),
     "year": lambda d: d.replace(month=1, day=1),
 }
+
+
+MAX_DATE_SHIFTS = 4
+
+
+def _check_shifts(node: exp.Expression) -> None:
+    """Refuse a chain of more than MAX_DATE_SHIFTS date ± n: the rewrite guards each shift
+    against the ends of the date range, copying the date it shifts three times, so the
+    statement grows as 3^shifts (ten made a query of 100 characters run for a minute)."""
+    shifts = 0
+    while (shifted := _shifted_date(node)) is not None:
+        shifts += 1
+        node = shifted[0]
+        while isinstance(node, exp.Paren):
+            node = node.this
+    if shifts > MAX_DATE_SHIFTS:
+        raise NotSupportedError(f"more than {MAX_DATE_SHIFTS} date shifts in a row",
+                                hint="add the days together: day + 3, not day + 1 + 1 + 1")
 
 
 def _shifted_date(node: exp.Expression) -> tuple[exp.Expression, int] | None:

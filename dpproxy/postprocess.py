@@ -301,10 +301,20 @@ def _literal(node: exp.Literal, env: Env) -> Value:
 def _arith(op: Callable[[Value, Value], Value]) -> Callable[[exp.Expression, Env], Value]:
     def handler(node: exp.Expression, env: Env) -> Value:
         a, b = _ev(node.this, env), _ev(node.expression, env)
-        if a is None or b is None:
+        if a is None or b is None or not _numbers(a, b):
             return None
-        return op(a, b)
+        try:
+            return op(a, b)
+        except (ArithmeticError, ValueError):  # inf % 2, an int beyond a float's range
+            return None
     return handler
+
+
+def _numbers(*values: Value) -> bool:
+    """Whether arithmetic may take these: numbers, not text or truth values (a text key
+    times 2 would be Python's repeated string). The values are released ones: what this
+    decides is post-processing."""
+    return all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
 
 
 def _divide(a: Value, b: Value) -> Value:
@@ -329,19 +339,22 @@ def _to_digits(mode: str) -> Callable[[exp.Expression, Env], Value]:
     def handler(node: exp.Expression, env: Env) -> Value:
         value = _ev(node.this, env)
         digits = _ev(node.args.get("decimals"), env) if node.args.get("decimals") else 0
-        if value is None or digits is None:
+        if value is None or digits is None or not _numbers(value, digits):
             return None
         if isinstance(value, float) and not math.isfinite(value):
             return value
-        number, exponent = Decimal(repr(value)), -int(digits)
-        written = number.as_tuple()
-        assert isinstance(written.exponent, int)  # finite
-        if written.exponent >= exponent:  # no digit there to drop: the value as it is
-            return value
-        # at most the value's own digits, and a carry (9.99 → 10.0): never beyond precision
-        context = Context(prec=len(written.digits) + 2)
-        done = number.quantize(Decimal(1).scaleb(exponent), rounding=mode, context=context)
-        return int(done) if isinstance(value, int) else float(done)
+        try:
+            number, exponent = Decimal(repr(value)), -int(digits)
+            written = number.as_tuple()
+            assert isinstance(written.exponent, int)  # finite
+            if written.exponent >= exponent:  # no digit there to drop: the value as it is
+                return value
+            # at most the value's own digits and a carry (9.99 → 10.0): within precision
+            context = Context(prec=len(written.digits) + 2)
+            done = number.quantize(Decimal(1).scaleb(exponent), rounding=mode, context=context)
+            return int(done) if isinstance(value, int) else float(done)
+        except (ArithmeticError, ValueError):  # digits beyond any exponent (-10^9)
+            return None
     return handler
 
 
@@ -373,11 +386,15 @@ def _compare(op: Callable[[Value, Value], bool]) -> Callable[[exp.Expression, En
         a, b = _ev(node.this, env), _ev(node.expression, env)
         if a is None or b is None:
             return None
-        # a quoted literal compared with a number is read as a number (checked numeric)
-        if isinstance(a, str) and isinstance(b, int | float) and not isinstance(b, bool):
-            a = float(a)
-        elif isinstance(b, str) and isinstance(a, int | float) and not isinstance(a, bool):
-            b = float(b)
+        # a quoted literal compared with a number is read as a number (checked numeric);
+        # text that is no number (a text key compared with one) compares as NULL
+        try:
+            if isinstance(a, str) and isinstance(b, int | float) and not isinstance(b, bool):
+                a = float(a)
+            elif isinstance(b, str) and isinstance(a, int | float) and not isinstance(a, bool):
+                b = float(b)
+        except ValueError:
+            return None
         try:
             return op(a, b)
         except TypeError:

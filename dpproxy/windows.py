@@ -396,7 +396,7 @@ def _ntile(n: int, buckets: int) -> list[Value]:
     """PostgreSQL's NTILE: the first n mod buckets buckets hold one row more."""
     size, extra = divmod(n, buckets)
     out: list[Value] = []
-    for bucket in range(1, buckets + 1):
+    for bucket in range(1, min(buckets, n) + 1):  # buckets beyond the rows stay empty
         out.extend([bucket] * (size + (1 if bucket <= extra else 0)))
     return out[:n]
 

@@ -257,12 +257,13 @@ def _total_node(node: exp.Expression, table: TablePolicy, integer_valued: bool
 
 
 def _kept_as_written(node: exp.Literal) -> bool:
-    """ROUND's or TRUNC's digits (the rewrite reads them as a constant), also negated, and
-    an array index (a local-DP report's bit): integers, as the backend wants them."""
+    """ROUND's or TRUNC's digits (the rewrite reads them as a constant), also negated, an
+    array index (a local-DP report's bit) and a type's parameter (DECIMAL(3, 1)):
+    integers, as the backend wants them."""
     parent = node.parent
     while isinstance(parent, exp.Neg):
         node, parent = parent, parent.parent  # type: ignore[assignment]
-    return isinstance(parent, exp.Bracket) or (
+    return isinstance(parent, exp.Bracket | exp.DataTypeParam) or (
         isinstance(parent, exp.Round | exp.Trunc) and node.arg_key == "decimals")
 
 

@@ -494,6 +494,7 @@ def test_make_total_rewrites(sql: str, total: str) -> None:
     ("CASE WHEN a > 5 THEN 9999999999999999999999999999 ELSE 1 END = 0.00000000001", False),
     ("ROUND(CASE WHEN a > 5 THEN 9999999999999999999999999999 ELSE 1 END, 12)", 1e28),
     ("ROUND(f, 2) + ROUND(a, -1)", 10.5),  # digits stay constants: the rewrite reads them
+    ("CAST(f AS DECIMAL(3, 1))", 0.5),  # and a type's parameters
 ])
 def test_total_expressions_never_raise(sql: str, expected: float | None) -> None:
     total = make_total(parse_one(sql, read="postgres"), TOTAL_TABLE).sql("duckdb")

@@ -181,6 +181,10 @@ def parse_statements(sql: str, params: Parameters = None, *, bind: bool = True
     Not `bind`: a SELECT comes unbound (`ast` None, its `template` and `params` set), for
     the caller to bind with `bound` only if it needs the tree (a copy, even without
     parameters: the parsed tree is shared by every execution of the text)."""
+    if params is not None and (isinstance(params, str | bytes)
+                               or not isinstance(params, Sequence | Mapping)):
+        raise ProgrammingError(f"parameters must be a sequence or a mapping, not "
+                               f"{type(params).__name__}", hint="execute(sql, [value])")
     with _parsed_lock:
         unbound = _parsed.get(sql)
         if unbound is not None:

@@ -366,3 +366,10 @@ def test_empty_show_and_explain_are_syntax_errors() -> None:
     for sql in ("SHOW", "EXPLAIN"):
         with pytest.raises(errors.SyntaxError):
             parse_statements(sql)
+
+
+@pytest.mark.parametrize("params", [5, "ab", b"ab"])
+def test_parameters_are_a_sequence_or_a_mapping(params: Any) -> None:
+    """As psycopg: not a bare value, nor text (a TypeError escaped before)."""
+    with pytest.raises(errors.ProgrammingError, match="sequence or a mapping"):
+        parse_statements(QUERY, params)

@@ -797,12 +797,23 @@ class Session:
                         delta=plan.cost.delta, charge_id=charge.charge_id)
             exc.audited = True
             raise
-        released = release(plan, exact_rows)
-        del exact_rows
-        # the analyst's budget as this charge left it, read in the charge's transaction
-        after = charge.status(analyst_account(self.analyst.name))
-        result = self._result(released, plan,
-                              after.remaining if after is not None else self.remaining())
+        try:
+            released = release(plan, exact_rows)
+            del exact_rows
+            # the analyst's budget as this charge left it, read in the charge's transaction
+            after = charge.status(analyst_account(self.analyst.name))
+            result = self._result(released, plan,
+                                  after.remaining if after is not None else self.remaining())
+        except Exception as exc:  # a fault of ours: charged, and a repeat is charged again
+            self.engine.ledger.drop_claim(self.analyst.name, key, charge.charge_id)
+            _log.exception("releasing a charged query failed")
+            failure = errors.InternalError(
+                "the query was charged but its answer could not be released",
+                hint="this is a fault of dpproxy: please report the query")
+            self._audit(analysis.statement, "failed", failure, epsilon=plan.cost.epsilon,
+                        delta=plan.cost.delta, charge_id=charge.charge_id)
+            failure.audited = True
+            raise failure from exc
         # Stored before it is returned: a repeat can only ever see this answer.
         self.engine.ledger.store_answer(self.analyst.name, key, charge.charge_id,
                                         _answer_json(result))

@@ -279,3 +279,28 @@ def test_confidence_level_changes_the_interval(make_policy: PolicyFactory) -> No
         narrow = session.execute("SELECT COUNT(*) FROM adult WHERE age > 31")
     assert wide.accuracy[0].confidence == 0.95 and narrow.accuracy[0].confidence == 0.5
     assert narrow.accuracy[0].half_width < wide.accuracy[0].half_width
+
+
+def test_a_release_that_fails_after_the_charge_leaves_no_claim(
+        make_policy: PolicyFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fault of ours between the charge and the answer: an InternalError, the charge
+    kept (audited as failed), and the claim on the repeat's answer dropped, so that a
+    repeat is charged and answered at once (it waited, then failed for ten minutes,
+    a review found)."""
+    import dpproxy.session
+
+    with Engine.from_path(make_policy()) as engine:
+        alice = engine.session("alice", epsilon=1.0)
+
+        def broken(*_: object) -> None:
+            raise ValueError("a fault")
+
+        monkeypatch.setattr(dpproxy.session, "release", broken)
+        with pytest.raises(errors.InternalError, match="charged"):
+            alice.execute("SELECT COUNT(*) FROM adult")
+        spent = engine.ledger.status("analyst:alice").spent.epsilon
+        assert spent == pytest.approx(1.0)
+        monkeypatch.undo()
+        # with the claim left pending, this waited for its answer and then failed
+        assert alice.execute("SELECT COUNT(*) FROM adult").rows
+        assert engine.ledger.status("analyst:alice").spent.epsilon == pytest.approx(2.0)

@@ -505,7 +505,7 @@ class Session:
         try:
             return self._execute(sql, params)
         except RecursionError:
-            # the shape of the query, never its data, decides this (54001 in PostgreSQL)
+            # the shape of the query, never its data, decides this (PostgreSQL: 54001)
             exc = _too_deep()
             self._audit(sql, "rejected", exc)
             raise exc from None

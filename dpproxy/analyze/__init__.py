@@ -661,12 +661,10 @@ _ONE_ARGUMENT = frozenset({"this"})
 # The arguments each supported aggregate's rule reads (see _aggregate_parts)
 _AGGREGATE_READS: dict[type[exp.Expression], frozenset[str]] = {
     exp.Count: frozenset({"this", "big_int"}),  # big_int: a spelling (COUNT_BIG)
-    exp.Min: frozenset({"this", "expressions", "count"}),  # refused by _quantile_parts
-    exp.Max: frozenset({"this", "expressions", "count"}),
     exp.PercentileCont: frozenset({"this", "expression"}),
     exp.Mode: frozenset({"this", "deterministic"}),
     **{t: _ONE_ARGUMENT for t in (exp.ApproxDistinct, exp.CountIf, exp.Sum, exp.Avg,
-                                  exp.Median, *_VARIANCE_FUNCTIONS)},
+                                  exp.Median, exp.Min, exp.Max, *_VARIANCE_FUNCTIONS)},
 }
 
 
@@ -738,8 +736,6 @@ def _quantile_parts(node: exp.AggFunc) -> tuple[str, exp.Expression | None]:
     arg = node.this
     if isinstance(arg, exp.Distinct):
         raise NotSupportedError(f"{node.sql_name()}(DISTINCT …) is not supported")
-    if isinstance(node, exp.Min | exp.Max) and (node.expressions or node.args.get("count")):
-        raise NotSupportedError(f"{node.sql_name()} takes one argument")
     if isinstance(node, exp.PercentileCont):
         if node.args.get("expression") is None:
             raise NotSupportedError(

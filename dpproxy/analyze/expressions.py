@@ -123,14 +123,14 @@ _READS: dict[type[exp.Expression], frozenset[str]] = {
     exp.RegexpILike: frozenset({"this", "expression", "flag"}),
     exp.Lower: frozenset({"this"}),
     exp.Upper: frozenset({"this"}),
-    exp.Trim: frozenset({"this", "expression", "position", "collation"}),
-    exp.Length: frozenset({"this", "encoding"}),  # an encoding is refused
+    exp.Trim: frozenset({"this", "expression", "position"}),
+    exp.Length: frozenset({"this"}),
     exp.Substring: frozenset({"this", "start", "length"}),
     exp.DPipe: frozenset({"this", "expression", "safe"}),
     exp.Concat: frozenset({"expressions", "safe", "coalesce"}),
     exp.Extract: frozenset({"this", "expression"}),
-    exp.DateTrunc: frozenset({"this", "unit", "zone", "input_type_preserved"}),
-    exp.TimestampTrunc: frozenset({"this", "unit", "zone", "input_type_preserved"}),
+    exp.DateTrunc: frozenset({"this", "unit", "input_type_preserved"}),
+    exp.TimestampTrunc: frozenset({"this", "unit", "input_type_preserved"}),
     exp.TimeToStr: frozenset({"this", "format"}),
 }  # others (+, -, *, %, AND, OR, comparisons): this and expression
 
@@ -156,6 +156,8 @@ _ARGUMENT_NAMES = {
     "truncate": "a third argument", "fractions_supported": "a third argument",
     "expressions": "more than one argument", "accuracy": "a second argument",
     "default": "DEFAULT … ON CONVERSION ERROR", "to": "TO <unit>", "symmetric": "SYMMETRIC",
+    "zone": "a time zone (dates have none)", "collation": "COLLATE",
+    "encoding": "an encoding", "count": "a count",
 }
 
 
@@ -291,12 +293,6 @@ def type_row_expression(node: exp.Expression, columns: Mapping[str, ColumnPolicy
     """Type and bound a deterministic row expression; reject anything off the allowlist."""
     resolve = columns if callable(columns) else make_resolver("", None, columns)
     return _RowTyper(resolve).visit(node)
-
-
-def _no_zone(node: exp.Expression) -> None:
-    if node.args.get("zone") is not None:
-        raise NotSupportedError("DATE_TRUNC with a time zone is not supported",
-                                hint="dates have no time zone: DATE_TRUNC('month', day)")
 
 
 class _RowTyper:
@@ -743,16 +739,12 @@ class _RowTyper:
         return self._text_of(node.this, "UPPER")
 
     def _Trim(self, node: exp.Trim) -> ExprType:
-        if node.args.get("collation") is not None:
-            raise NotSupportedError("TRIM … COLLATE is not supported")
         characters = node.args.get("expression")
         if characters is not None:  # TRIM(BOTH chars FROM text): chars is text too
             self._text_of(characters, "TRIM")
         return self._text_of(node.this, "TRIM")
 
     def _Length(self, node: exp.Length) -> ExprType:
-        if node.args.get("encoding") is not None:  # PostgreSQL's LENGTH(bytes, encoding)
-            raise NotSupportedError("LENGTH takes one argument", hint="LENGTH(text)")
         t = self._text_of(node.this, "LENGTH")
         return _num(0, INF, True, t.nullable)
 
@@ -798,11 +790,9 @@ class _RowTyper:
         return ExprType("date", nullable=source.nullable)
 
     def _DateTrunc(self, node: exp.DateTrunc) -> ExprType:
-        _no_zone(node)
         return self._date_trunc(node.args.get("unit"), node.this)
 
     def _TimestampTrunc(self, node: exp.TimestampTrunc) -> ExprType:
-        _no_zone(node)
         return self._date_trunc(node.args.get("unit"), node.this)
 
     def _TimeToStr(self, node: exp.TimeToStr) -> ExprType:

@@ -108,13 +108,13 @@ _PLAIN_LITERAL_LIMIT = 1e15
 Typer = Callable[[exp.Expression], ExprType]
 
 
-def make_total_postgres(node: exp.Expression, table: TablePolicy) -> exp.Expression:
-    """A copy of a row expression that cannot raise on PostgreSQL on any data, or a
-    NotSupportedError (raised before anything is charged) when none can be built."""
+def _typer(table: TablePolicy) -> tuple[Typer, Callable[[exp.Column], ColumnPolicy]]:
+    """The types of the table's row expressions (each node typed once) and its columns'
+    policies, as the rewrite reads them (qualifiers were checked by the analyzer)."""
     resolve = make_resolver(table.name, None, table.columns)
 
     def lookup(column: exp.Column) -> ColumnPolicy:
-        return resolve(exp.column(column.name))  # qualifiers were checked by the analyzer
+        return resolve(exp.column(column.name))
 
     types: dict[int, ExprType] = {}
 
@@ -123,6 +123,13 @@ def make_total_postgres(node: exp.Expression, table: TablePolicy) -> exp.Express
             types[id(n)] = type_row_expression(n, lookup)
         return types[id(n)]
 
+    return typed, lookup
+
+
+def make_total_postgres(node: exp.Expression, table: TablePolicy) -> exp.Expression:
+    """A copy of a row expression that cannot raise on PostgreSQL on any data, or a
+    NotSupportedError (raised before anything is charged) when none can be built."""
+    typed, lookup = _typer(table)
     check_magnitude(node, typed)
     if isinstance(node, exp.Column):
         # a bare column computes nothing, so it cannot raise: no NUMERIC conversion (a
@@ -416,9 +423,7 @@ def check_magnitude(node: exp.Expression, typed: Typer) -> tuple[int, int]:
 def per_unit_digits(node: exp.Expression, table: TablePolicy) -> None:
     """Refuse (before any charge) an argument of a value per person whose sum could have
     more digits than the outer query reads a column to have (PER_UNIT_DIGITS)."""
-    resolve = make_resolver(table.name, None, table.columns)
-    digits = check_magnitude(node, lambda n: type_row_expression(
-        n, lambda c: resolve(exp.column(c.name))))
+    digits = check_magnitude(node, _typer(table)[0])
     if digits[0] > PER_UNIT_DIGITS:
         raise NotSupportedError(
             "a value per person could be too large for PostgreSQL's NUMERIC",

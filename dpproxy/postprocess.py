@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 from sqlglot import exp
 
 from .clock import parse_date
-from .errors import InvalidTextRepresentation, NotSupportedError
+from .errors import DatatypeMismatch, InvalidTextRepresentation, NotSupportedError
 
 OUTPUT_FUNCTIONS_HELP = (
     "+ - * / %, ROUND, TRUNC, ABS, FLOOR, CEIL, SQRT, POWER, LEAST, GREATEST, COALESCE, "
@@ -300,7 +300,7 @@ def _literal(node: exp.Literal, env: Env) -> Value:
 
 def _arith(op: Callable[[Value, Value], Value]) -> Callable[[exp.Expression, Env], Value]:
     def handler(node: exp.Expression, env: Env) -> Value:
-        a, b = _ev(node.this, env), _ev(node.expression, env)
+        a, b = _as_number(_ev(node.this, env)), _as_number(_ev(node.expression, env))
         if a is None or b is None or not _numbers(a, b):
             return None
         try:
@@ -308,6 +308,17 @@ def _arith(op: Callable[[Value, Value], Value]) -> Callable[[exp.Expression, Env
         except (ArithmeticError, ValueError):  # inf % 2, an int beyond a float's range
             return None
     return handler
+
+
+def _as_number(value: Value) -> Value:
+    """A quoted literal computed with as a number (`infer_type` let only number text
+    through), as a number; anything else as it is."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return int(value) if _literal_number_type(value) == "int8" else float(value)
+    except ValueError:
+        return value
 
 
 def _numbers(*values: Value) -> bool:
@@ -557,46 +568,215 @@ _BOOL_NODES = (*_COMPARISON_NODES, exp.And, exp.Or, exp.Not, exp.Is)
 
 def infer_type(node: exp.Expression, aggregate_types: Mapping[str, str],
                key_types: Mapping[str, str]) -> str:
-    """The PostgreSQL type name of a checked output expression's values."""
-    def infer(n: exp.Expression) -> str:
-        if isinstance(n, AggregateRef | WindowRef):
-            return aggregate_types[n.this]
-        if isinstance(n, exp.Column):
-            return key_types[n.name]
-        if isinstance(n, exp.Literal):
-            if n.is_string:
-                return "text"
-            return "int8" if n.this.lstrip("-").isdigit() else "float8"
-        if isinstance(n, exp.Null):
-            return "text"
-        if isinstance(n, (exp.Boolean, *_BOOL_NODES)):
-            return "bool"
-        if isinstance(n, exp.Cast):
-            moment = constant_moment(n)
-            return moment[0] if moment is not None else _CAST_TYPES.get(n.to.this, "text")
-        if isinstance(n, exp.Add | exp.Sub | exp.Mul | exp.Div | exp.Mod):
-            both = {infer(n.this), infer(n.expression)}
-            return "int8" if both == {"int8"} else "float8"
-        if isinstance(n, exp.Sqrt | exp.Pow):
-            return "float8"
-        if isinstance(n, exp.Round | exp.Trunc) and n.args.get("decimals") is not None:
-            return "float8"
-        if isinstance(n, exp.Case):
-            branches = [b.args["true"] for b in n.args.get("ifs", [])]
-            branches += [n.args["default"]] if n.args.get("default") is not None else []
-            return _first_known([infer(b) for b in branches])
-        if isinstance(n, exp.If):
-            return infer(n.args["true"])
-        if isinstance(n, exp.Coalesce | exp.Least | exp.Greatest):
-            return _first_known([infer(a) for a in (n.this, *n.expressions)])
-        if n.this is not None and isinstance(n.this, exp.Expression):
-            return infer(n.this)  # Paren, Neg, Abs, Floor, Ceil, Round, Nullif
-        return "text"
-    return infer(node)
+    """The PostgreSQL type name of an output expression's values (int8, float8, text,
+    date, timestamp, bool).
+
+    Refuses, as PostgreSQL does when it plans, what the evaluator could only answer with a
+    NULL or a fault: arithmetic or a numeric function over text, dates or truth values,
+    values of different types compared or in one CASE or COALESCE, AND/OR/NOT over
+    non-booleans, casts PostgreSQL has not. `analyze` types every post-processing place
+    before anything is charged; RowDescription reads the type.
+
+    >>> from sqlglot import parse_one
+    >>> infer_type(parse_one("sex * 2"), {}, {"sex": "text"})
+    Traceback (most recent call last):
+    ...
+    dpproxy.errors.DatatypeMismatch: operator does not exist: text * int8
+    HINT: compute with numbers: aggregates or number keys
+    """
+    found = _typed(node, aggregate_types, key_types)
+    return "text" if found == _UNKNOWN else found
 
 
-def _first_known(types: list[str]) -> str:
-    known = [t for t in types if t != "text"] or types or ["text"]
-    if set(known) <= {"int8", "float8"} and "float8" in known:
+_UNKNOWN = "unknown"  # a quoted literal or NULL, typed by where it stands
+_NUMBER_TYPES = ("int8", "float8")
+_MOMENTS = ("date", "timestamp")
+
+
+def _typed(node: exp.Expression, aggregate_types: Mapping[str, str],
+           key_types: Mapping[str, str]) -> str:
+    def typed(n: exp.Expression) -> str:
+        return _typed(n, aggregate_types, key_types)
+
+    if isinstance(node, AggregateRef | WindowRef):
+        return aggregate_types[node.this]
+    if isinstance(node, exp.Column):
+        return key_types[node.name]
+    if isinstance(node, exp.Literal):
+        if node.is_string:
+            return _UNKNOWN
+        return "int8" if node.this.lstrip("-").isdigit() else "float8"
+    if isinstance(node, exp.Null):
+        return _UNKNOWN
+    if isinstance(node, exp.Boolean):
+        return "bool"
+    if isinstance(node, exp.Paren):
+        return typed(node.this)
+    if isinstance(node, _COMPARISON_NODES):
+        _comparable(node.this, node.expression, typed, _OPERATORS[type(node)])
+        return "bool"
+    if isinstance(node, exp.And | exp.Or | exp.Not):
+        for part in (node.this, node.expression) if not isinstance(node, exp.Not) \
+                else (node.this,):
+            _boolean(part, typed(part), node.key.upper())
+        return "bool"
+    if isinstance(node, exp.Is):
+        if not isinstance(node.expression, exp.Null):
+            _boolean(node.this, typed(node.this), "IS " + node.expression.sql("postgres"))
+        return "bool"
+    if isinstance(node, exp.Cast):
+        moment = constant_moment(node)
+        if moment is not None:
+            return moment[0]
+        target = _CAST_TYPES.get(node.to.this, "text")
+        source = typed(node.this)
+        if (source in _MOMENTS and target != "text") or (source == "bool" and target == "float8") \
+                or (source == "float8" and target == "bool"):
+            raise DatatypeMismatch(f"cannot cast type {source} to {target}",
+                                   hint="cast it to text, or compute with the value itself")
+        return target
+    if isinstance(node, exp.Add | exp.Sub | exp.Mul | exp.Div | exp.Mod | exp.Pow):
+        left, right = typed(node.this), typed(node.expression)
+        operands = []
+        for part, t, other in ((node.this, left, right), (node.expression, right, left)):
+            if t == _UNKNOWN and isinstance(part, exp.Literal) and other in _NUMBER_TYPES:
+                _readable(part, other)  # '3' * COUNT(*): read as a number, as PostgreSQL does
+                t = _literal_number_type(part.this)
+            else:
+                _number(part, t, f"operator does not exist: {_shown(left)} "
+                                 f"{_OPERATORS[type(node)]} {_shown(right)}")
+            operands.append(t)
+        known = set(operands) - {_UNKNOWN}
+        if isinstance(node, exp.Pow):
+            return "float8"
+        return _UNKNOWN if not known else "int8" if known == {"int8"} else "float8"
+    if isinstance(node, exp.Neg | exp.Abs | exp.Floor | exp.Ceil | exp.Sqrt | exp.Round
+                  | exp.Trunc):
+        inner = typed(node.this)
+        name = "-" if isinstance(node, exp.Neg) else written_name(node)
+        _number(node.this, inner, f"function {name}({_shown(inner)}) does not exist")
+        digits = node.args.get("decimals")
+        if digits is not None:
+            _number(digits, typed(digits), f"function {name}(…, {_shown(typed(digits))}) "
+                                           "does not exist")
+        if inner == _UNKNOWN:
+            return _UNKNOWN
+        if isinstance(node, exp.Sqrt) or digits is not None:
+            return "float8"
+        return inner
+    if isinstance(node, exp.Case):
+        subject = node.this
+        for branch in node.args.get("ifs", []):
+            if subject is not None:
+                _comparable(subject, branch.this, typed, "=")
+            else:
+                _boolean(branch.this, typed(branch.this), "CASE WHEN")
+        results = [b.args["true"] for b in node.args.get("ifs", [])]
+        results += [node.args["default"]] if node.args.get("default") is not None else []
+        return _common(results, typed, "CASE")
+    if isinstance(node, exp.If):
+        _boolean(node.this, typed(node.this), "IF")
+        parts = [node.args["true"]] + ([node.args["false"]] if node.args.get("false") else [])
+        return _common(parts, typed, "IF")
+    if isinstance(node, exp.Coalesce | exp.Least | exp.Greatest):
+        return _common([node.this, *node.expressions], typed, node.key.upper())
+    if isinstance(node, exp.Nullif):
+        _comparable(node.this, node.expression, typed, "=")
+        return typed(node.this)
+    if isinstance(node, exp.AggFunc):  # a constant query's outputs have none
         return "float8"
-    return known[0]
+    return "text"
+
+
+_OPERATORS: dict[type[exp.Expression], str] = {
+    exp.EQ: "=", exp.NEQ: "<>", exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<=",
+    exp.Add: "+", exp.Sub: "-", exp.Mul: "*", exp.Div: "/", exp.Mod: "%", exp.Pow: "^",
+}
+
+
+def _shown(t: str) -> str:
+    return "unknown" if t == _UNKNOWN else t
+
+
+def _number(node: exp.Expression, t: str, message: str) -> None:
+    """`node`, of type `t`, computed with as a number: a number, or NULL."""
+    if t in _NUMBER_TYPES or isinstance(node, exp.Null):
+        return
+    if t == _UNKNOWN:
+        raise DatatypeMismatch(f"{node.sql('postgres')} is quoted text where a number is "
+                               "computed with", hint="write the number without quotes")
+    if t in _MOMENTS:
+        raise DatatypeMismatch(message, hint="shift or truncate the date in GROUP BY itself, "
+                                             "e.g. GROUP BY day + 7")
+    raise DatatypeMismatch(message, hint="compute with numbers: aggregates or number keys")
+
+
+def _boolean(node: exp.Expression, t: str, what: str) -> None:
+    if t != "bool" and not isinstance(node, exp.Null):
+        raise DatatypeMismatch(f"argument of {what} must be type boolean, not type {_shown(t)}",
+                               hint="compare the value, e.g. COUNT(*) > 100")
+
+
+def _comparable(a: exp.Expression, b: exp.Expression, typed: Callable[[exp.Expression], str],
+                operator: str) -> None:
+    """Two values compared: of one type (numbers with numbers, dates with moments), or a
+    quoted literal read as the other's type, which it must be written as."""
+    left, right = typed(a), typed(b)
+    for literal, t, other in ((a, left, right), (b, right, left)):
+        if t == _UNKNOWN and other != _UNKNOWN and isinstance(literal, exp.Literal):
+            _readable(literal, other)
+    known = {left, right} - {_UNKNOWN}
+    if len(known) < 2 or known <= set(_NUMBER_TYPES) or known <= set(_MOMENTS):
+        return
+    raise DatatypeMismatch(f"operator does not exist: {left} {operator} {right}",
+                           hint="compare values of one type, or CAST one side")
+
+
+def _literal_number_type(text: str) -> str:
+    return "int8" if text.strip().lstrip("+-").isdigit() else "float8"
+
+
+def _readable(literal: exp.Literal, t: str) -> None:
+    """A quoted literal compared with a value of type `t`: read as one (the evaluator
+    compares numbers as numbers, moments as their ISO text, so it must be written so)."""
+    text = literal.this
+    if t in _NUMBER_TYPES:
+        try:
+            float(text)
+        except ValueError:
+            raise InvalidTextRepresentation(
+                f"invalid input syntax for a number: {text!r}") from None
+    elif t == "bool":
+        raise DatatypeMismatch(f"{literal.sql('postgres')} is quoted text compared with a "
+                               "truth value", hint="write TRUE or FALSE")
+    elif t in _MOMENTS:
+        try:
+            canonical = parse_date(text).isoformat()
+        except ValueError:
+            canonical = None
+        if canonical != text:
+            raise InvalidTextRepresentation(
+                f"invalid input syntax for a date: {text!r}",
+                hint="write the date as YYYY-MM-DD, or CAST('…' AS DATE)")
+
+
+def _common(parts: list[exp.Expression], typed: Callable[[exp.Expression], str],
+            what: str) -> str:
+    """The one type of values that stand for each other (CASE's branches, COALESCE's
+    arguments): numbers mixed give float8; quoted literals take it."""
+    types = [typed(p) for p in parts]
+    known = [t for t in types if t != _UNKNOWN]
+    if not known:
+        return _UNKNOWN
+    if set(known) <= set(_NUMBER_TYPES):
+        result = "float8" if "float8" in known else "int8"
+    elif len(set(known)) == 1:
+        result = known[0]
+    else:
+        first, other = known[0], next(t for t in known if t != known[0])
+        raise DatatypeMismatch(f"{what} types {first} and {other} cannot be matched",
+                               hint="give every branch one type, or CAST them")
+    for part, t in zip(parts, types, strict=True):
+        if t == _UNKNOWN and isinstance(part, exp.Literal) and result != "text":
+            _number(part, t, "") if result in _NUMBER_TYPES else _readable(part, result)
+    return result

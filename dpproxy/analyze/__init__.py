@@ -284,9 +284,26 @@ def analyze(select: exp.Expression, policy: Policy, analyst: AnalystPolicy
     limit, offset = _limit_offset(select)
     analysis = Analysis(table, where, keys, statistics, aggregates, outputs, having, order,
                         limit, offset, statement, joins, calls, per_unit)
-    if calls:
-        analysis.value_types()  # refuses SUM or AVG of a window over text (42804)
+    _check_types(analysis)
     return analysis
+
+
+def _check_types(analysis: Analysis) -> None:
+    """Type every post-processing place before anything is charged, as PostgreSQL does
+    when it plans: `infer_type` refuses `sex * 2`, `-sex`, CASE branches of two types, and
+    `value_types` SUM or AVG of a window over text (42804)."""
+    value_types, key_types = analysis.value_types()
+    places = [o.expression for o in analysis.outputs]
+    places += [i.expression for i in analysis.order]
+    places += [part for call in analysis.windows
+               for part in (*call.partition, *(i.expression for i in call.order))]
+    for place in places:
+        infer_type(place, value_types, key_types)
+    if analysis.having is not None:
+        found = infer_type(analysis.having, value_types, key_types)
+        if found != "bool" and not isinstance(analysis.having, exp.Null):
+            raise DatatypeMismatch(f"argument of HAVING must be type boolean, not type {found}",
+                                   hint="compare the aggregate, e.g. HAVING COUNT(*) > 100")
 
 
 # 1 -------------------------------------------------------------------------------------------

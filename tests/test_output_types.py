@@ -1,0 +1,103 @@
+"""Outputs, HAVING, ORDER BY and window parts are typed before anything is charged, as
+PostgreSQL types them when it plans: arithmetic over a text key, values of two types
+compared or in one CASE, a non-boolean HAVING are refused (42804), where the evaluator
+could only have answered NULL after the charge, or failed (`-sex` was charged and then
+raised a fault)."""
+
+from __future__ import annotations
+
+import pytest
+import sqlglot
+
+from dpproxy import errors
+from dpproxy.postprocess import infer_type, refer_to_aggregates
+from dpproxy.session import Engine
+
+from .refusals import assert_refused
+
+MISMATCH = "42804"
+
+
+@pytest.mark.parametrize(("sql", "sqlstate", "words"), [
+    ("SELECT sex * 2, COUNT(*) FROM adult GROUP BY sex", MISMATCH, "text * int8"),
+    ("SELECT sex, COUNT(*) + sex FROM adult GROUP BY sex", MISMATCH, "int8 + text"),
+    ("SELECT -sex, COUNT(*) FROM adult GROUP BY sex", MISMATCH, "-(text)"),
+    ("SELECT ROUND(sex), COUNT(*) FROM adult GROUP BY sex", MISMATCH, "ROUND(text)"),
+    ("SELECT ABS(sex), COUNT(*) FROM adult GROUP BY sex", MISMATCH, "ABS(text)"),
+    ("SELECT sex = 1, COUNT(*) FROM adult GROUP BY sex", MISMATCH, "text = int8"),
+    ("SELECT sex, COUNT(*) FROM adult GROUP BY sex HAVING sex > COUNT(*)", MISMATCH,
+     "text > int8"),
+    ("SELECT sex, COUNT(*) FROM adult GROUP BY sex ORDER BY sex + 1", MISMATCH, "text + int8"),
+    ("SELECT CASE WHEN COUNT(*) > 1 THEN sex ELSE 1 END FROM adult GROUP BY sex", MISMATCH,
+     "CASE types text and int8"),
+    ("SELECT COALESCE(sex, COUNT(*)) FROM adult GROUP BY sex", MISMATCH, "COALESCE types"),
+    ("SELECT LEAST(sex, COUNT(*)) FROM adult GROUP BY sex", MISMATCH, "LEAST types"),
+    ("SELECT NULLIF(sex, COUNT(*)) FROM adult GROUP BY sex", MISMATCH, "text = int8"),
+    ("SELECT CASE sex WHEN 1 THEN 2 END, COUNT(*) FROM adult GROUP BY sex", MISMATCH,
+     "text = int8"),
+    ("SELECT NOT COUNT(*) FROM adult", MISMATCH, "argument of NOT"),
+    ("SELECT COUNT(*) > 1 AND SUM(age) FROM adult", MISMATCH, "argument of AND"),
+    ("SELECT COUNT(*) IS TRUE FROM adult", MISMATCH, "argument of IS TRUE"),
+    ("SELECT COUNT(*) FROM adult HAVING COUNT(*)", MISMATCH, "HAVING must be type boolean"),
+    ("SELECT COALESCE(COUNT(*), '2') FROM adult", MISMATCH, "write the number without quotes"),
+    ("SELECT '2' + '3', COUNT(*) FROM adult", MISMATCH, "without quotes"),
+    ("SELECT COUNT(*) * 'two' FROM adult", "22P02", "'two'"),
+    ("SELECT day + 1, COUNT(*) FROM visits GROUP BY day", MISMATCH, "GROUP BY day + 7"),
+    ("SELECT CAST(day AS BIGINT), COUNT(*) FROM visits GROUP BY day", MISMATCH,
+     "cannot cast type date to int8"),
+    ("SELECT day, COUNT(*) FROM visits GROUP BY day HAVING day > '2024-7-1'", "22P02",
+     "YYYY-MM-DD"),
+    ("SELECT sex, SUM(COUNT(*)) OVER (PARTITION BY sex * 2) FROM adult GROUP BY sex",
+     MISMATCH, "text * int8"),
+    ("SELECT sex, SUM(sex) OVER () FROM adult GROUP BY sex", MISMATCH, "sum(text)"),
+])
+def test_type_errors_are_refused_before_the_charge(engine: Engine, sql: str, sqlstate: str,
+                                                    words: str) -> None:
+    assert_refused(engine, sql, sqlstate, words)
+
+
+def test_a_quoted_number_is_read_as_a_number_as_postgresql_reads_it(engine: Engine) -> None:
+    """`COUNT(*) * '2'` is twice the released count (it was NULL: the evaluator multiplied
+    a number by text), in one release, so exactly twice."""
+    result = engine.session("alice", epsilon=1.0).execute(
+        "SELECT COUNT(*), COUNT(*) * '2', COUNT(*) + '0.5' FROM adult")
+    (count, doubled, plus_half), = result.rows
+    assert isinstance(count, int) and doubled == 2 * count and plus_half == count + 0.5
+
+
+def test_well_typed_post_processing_is_released(engine: Engine) -> None:
+    """Text keys compared with text, dates with ISO dates, CASE branches of numbers mixed:
+    answered."""
+    session = engine.session("alice", epsilon=1.0)
+    result = session.execute(
+        "SELECT sex, sex = 'Male' AS male, CASE WHEN COUNT(*) > 0 THEN 1 ELSE 0.5 END AS c "
+        "FROM adult GROUP BY sex HAVING sex <> 'x' ORDER BY sex")
+    assert [r[:2] for r in result.rows] == [("Female", False), ("Male", True)]
+    assert [r[2] for r in result.rows] == [1, 1]
+    dated = session.execute("SELECT COUNT(*) FROM visits WHERE day >= DATE '2024-01-01' "
+                            "HAVING COUNT(*) > 0 OR COUNT(*) <= 0")
+    assert len(dated.rows) == 1
+
+
+@pytest.mark.parametrize(("sql", "expected"), [
+    ("COUNT(*) * 2", "int8"), ("COUNT(*) / 2.0", "float8"), ("COUNT(*) * '2'", "int8"),
+    ("COUNT(*) * '2.5'", "float8"), ("AVG(x) + COUNT(*)", "float8"), ("-COUNT(*)", "int8"),
+    ("SQRT(COUNT(*))", "float8"), ("ROUND(AVG(x), 1)", "float8"), ("ROUND(AVG(x))", "float8"),
+    ("COUNT(*) > 3", "bool"), ("sex = 'Male'", "bool"), ("sex", "text"), ("'a'", "text"),
+    ("NULL", "text"), ("COALESCE(NULL, COUNT(*))", "int8"),
+    ("CASE WHEN COUNT(*) > 1 THEN 1 ELSE 2.5 END", "float8"),
+    ("CASE WHEN COUNT(*) > 1 THEN sex ELSE 'none' END", "text"),
+    ("CAST(COUNT(*) AS TEXT)", "text"), ("CAST(AVG(x) AS INT)", "int8"),
+    ("NULL + COUNT(*)", "int8"), ("day", "date"), ("day = '2024-01-05'", "bool"),
+])
+def test_types_as_row_descriptions_read_them(sql: str, expected: str) -> None:
+    node = sqlglot.parse_one(sql, read="postgres")
+    node = refer_to_aggregates(node, {"COUNT(*)": "COUNT(*)", "AVG(x)": "AVG(x)"})
+    types = {"COUNT(*)": "int8", "AVG(x)": "float8"}
+    assert infer_type(node, types, {"sex": "text", "day": "date"}) == expected
+
+
+def test_the_typer_can_refuse() -> None:
+    """The refusals above come from the typer, not from elsewhere in analysis."""
+    with pytest.raises(errors.DatatypeMismatch):
+        infer_type(sqlglot.parse_one("sex * 2"), {}, {"sex": "text"})

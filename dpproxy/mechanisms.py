@@ -70,6 +70,11 @@ _PARAM_BITS = 48
 # 2^32 rows).
 _GRID_BITS = 20
 _REAL_STEPS = 3
+# The widest noise drawn, in grid steps (Laplace's scale, the Gaussian's σ): beyond it an
+# answer is noise alone, and the half-width's float arithmetic would stop telling k from
+# k + 1 (its search would never end). A count reaches it at ε ≈ 3.6e-15, a real-valued
+# sum (2^20 steps of sensitivity) at ε ≈ 3.7e-9.
+MAX_GRID_SCALE = 2 ** 48
 # From this many values on, dpproxy.batch_noise draws the noise: its fixed cost (about a
 # hundred numpy calls) is that of this many scalar draws (measured: 48-64).
 _VECTOR_MIN = 56
@@ -465,12 +470,22 @@ def calibrate(mechanism: Mechanism, sensitivity: float, epsilon: float, delta: f
 
     if mechanism == "laplace":
         param = _round_up(Fraction(grid_l1) / Fraction(epsilon))
+        _require_drawable(param, epsilon)
         return NoiseSpec("laplace", sensitivity, epsilon, 0.0, gamma, gamma * float(param),
                          None, float(grid_l1), param)
     sigma = discrete_gaussian_sigma(grid_l2, epsilon, delta)
+    _require_drawable(sigma, epsilon)
     param = _round_up(Fraction(sigma) ** 2)
     return NoiseSpec("gaussian", sensitivity, epsilon, delta, gamma,
                      gamma * math.sqrt(param), zcdp_rho(grid_l2, sigma), grid_l2, param)
+
+
+def _require_drawable(scale: float | Fraction, epsilon: float) -> None:
+    if scale > MAX_GRID_SCALE:
+        raise InvalidParameterValue(
+            f"ε = {epsilon:g} is too small: its noise would be {float(scale):.3g} grid steps "
+            f"wide (at most 2^48), an answer of noise alone",
+            hint="give the query (or this aggregate's share of the split) a larger ε")
 
 
 def _noise(spec: NoiseSpec) -> int:
@@ -612,9 +627,15 @@ def half_width(spec: NoiseSpec, confidence: float = 0.95) -> float:
 
         k = max(0, math.ceil(t * (math.log(2 / alpha) - log1p_a)) - 1)
         # Fix float error in the closed form so k is the smallest that satisfies the bound.
-        while log_tail(k) > math.log(alpha):
+        # (at most a few steps: calibrate keeps t within MAX_GRID_SCALE, where the float
+        # form still tells k from k + 1; the cap ends the search whatever the spec)
+        for _ in range(64):
+            if log_tail(k) <= math.log(alpha):
+                break
             k += 1
-        while k > 0 and log_tail(k - 1) <= math.log(alpha):
+        for _ in range(64):
+            if k == 0 or log_tail(k - 1) > math.log(alpha):
+                break
             k -= 1
     else:
         z = -float(ndtri(alpha / 2))

@@ -552,3 +552,26 @@ def test_error_messages_say_what_is_allowed() -> None:
 def test_doctests() -> None:
     result = doctest.testmod(m)
     assert result.failed == 0 and result.attempted > 0
+
+
+@pytest.mark.parametrize("integer_valued", [True, False])
+def test_an_epsilon_too_small_to_draw_is_refused(integer_valued: bool) -> None:
+    """ε = 1e-30 once sent the half-width's search into a loop that never ended (the
+    float form of (k + 1)/t stopped changing): calibration refuses Laplace noise wider
+    than MAX_GRID_SCALE steps, and just within it the half-width is found. (The discrete
+    Gaussian's σ, held by δ, stays far narrower: it is answered.)"""
+    with pytest.raises(InvalidParameterValue, match="too small"):
+        calibrate("laplace", 1.0, 1e-30, integer_valued=integer_valued)
+    widest = 1e-14 if integer_valued else 1e-8
+    spec = calibrate("laplace", 1.0, widest, integer_valued=integer_valued)
+    assert spec.grid_param <= m.MAX_GRID_SCALE
+    assert half_width(spec) > spec.scale
+    gaussian = calibrate("gaussian", 1.0, 1e-30, 1e-6, integer_valued=integer_valued)
+    assert gaussian.grid_param <= m.MAX_GRID_SCALE ** 2 and half_width(gaussian) > 0
+
+
+def test_the_half_width_search_ends_for_any_spec() -> None:
+    """A spec made by hand, beyond calibrate's limit, still gets an answer: the search's
+    steps are capped."""
+    spec = m.NoiseSpec("laplace", 1.0, 1e-30, 0.0, 1.0, 1e30, None, 1.0, Fraction(10 ** 30))
+    assert half_width(spec) > 1e30

@@ -101,12 +101,14 @@ def written_name(node: exp.Func) -> str:
 
 def output_name(item: exp.Expression) -> str:
     """The column name PostgreSQL gives a select-list item: alias, column, function, ?column?."""
-    if isinstance(item, exp.Alias):
-        return item.alias
+    if isinstance(item, exp.Alias | exp.Column):
+        # an unquoted name is folded to lower case, as PostgreSQL folds it (`AS Total`)
+        name = item.args.get("alias") if isinstance(item, exp.Alias) else item.this
+        if isinstance(name, exp.Identifier) and not name.quoted:
+            return name.this.lower()
+        return item.alias if isinstance(item, exp.Alias) else item.name
     if isinstance(item, exp.Paren):
         return output_name(item.this)
-    if isinstance(item, exp.Column):
-        return item.name
     if isinstance(item, WindowRef):
         return str(item.args.get("function") or "?column?")
     if isinstance(item, exp.Cast):

@@ -101,3 +101,25 @@ def test_the_typer_can_refuse() -> None:
     """The refusals above come from the typer, not from elsewhere in analysis."""
     with pytest.raises(errors.DatatypeMismatch):
         infer_type(sqlglot.parse_one("sex * 2"), {}, {"sex": "text"})
+
+
+def test_keys_written_in_capitals_are_released(engine: Engine) -> None:
+    """`select SEX … group by SEX` was charged and then failed as a fault (evaluation read
+    the key by the name as written): keys are read by their own names."""
+    result = engine.session("alice", epsilon=1.0).execute(
+        "select SEX, count(*) from ADULT group by SEX having SEX <> 'x' order by SEX desc")
+    assert [r[0] for r in result.rows] == ["Male", "Female"]
+    assert result.columns[0] == "sex"
+
+
+def test_aliases_are_folded_as_postgresql_folds_them(engine: Engine) -> None:
+    """`AS Total` names the column `total`, and ORDER BY Total, total or TOTAL reads it; a
+    quoted "Total" keeps its case."""
+    session = engine.session("alice", epsilon=1.0)
+    result = session.execute(
+        "SELECT sex, COUNT(*) AS Total FROM adult GROUP BY sex ORDER BY TOTAL DESC")
+    assert result.columns == ("sex", "total")
+    assert [r[0] for r in result.rows] == ["Male", "Female"]  # 21,790 men, 10,771 women
+    quoted = session.execute(
+        'SELECT sex, COUNT(*) AS "Total" FROM adult GROUP BY sex ORDER BY "Total"')
+    assert quoted.columns == ("sex", "Total")

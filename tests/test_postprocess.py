@@ -205,6 +205,7 @@ def test_aggregate_refs_look_values_up_by_name() -> None:
     ("CAST(COUNT(*) AS FLOAT)", "count"), ("COUNT(*)::FLOAT", "count"), ("sex::TEXT", "sex"),
     ("COUNT(*) + 1", "?column?"), ("-COUNT(*)", "?column?"), ("COUNT(*) > 1", "?column?"),
     ("1", "?column?"), ("'a'", "?column?"), ("COUNT(*) % 2", "?column?"),
+    ("COUNT(*) AS Total", "total"), ("SEX", "sex"), ('"SEX"', "SEX"), ("adult.SEX", "sex"),
 ])
 def test_output_name_as_postgresql_names_it(sql: str, name: str) -> None:
     assert output_name(item(sql)) == name

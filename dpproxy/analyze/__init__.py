@@ -617,14 +617,22 @@ def _unqualified(node: exp.Expression, resolve: Resolver) -> exp.Expression:
 def _key_expressions(node: exp.Expression, keys: Sequence[GroupKey], resolve: Resolver
                      ) -> exp.Expression:
     """A copy where each occurrence of an expression key (outside aggregates) is a column
-    reference to the key, as PostgreSQL matches select-list expressions to GROUP BY."""
+    reference to the key, as PostgreSQL matches select-list expressions to GROUP BY, and
+    each column naming a column key is that key by its name (`SEX` is `sex`: evaluation
+    reads keys by name)."""
     names = {k.name for k in keys if k.expression is not None}
-    if not names:
-        return node
+    columns = {k.name for k in keys if k.expression is None}
 
     def swap(n: exp.Expression) -> exp.Expression:
+        if isinstance(n, exp.Column) and n.find_ancestor(exp.AggFunc) is None \
+                and not (n.name in names and not n.table):
+            try:
+                column = resolve(n)
+            except Error:
+                return n  # refused where it is checked
+            return exp.column(column.name) if column.name in columns else n
         if isinstance(n, exp.Column | exp.Literal | exp.AggFunc | WindowRef) \
-                or n.find_ancestor(exp.AggFunc) is not None:
+                or n.find_ancestor(exp.AggFunc) is not None or not names:
             return n
         inner = n
         while isinstance(inner, exp.Paren):
@@ -1040,10 +1048,10 @@ def _resolve_outputs(select: exp.Select, keys: tuple[GroupKey, ...],
 
     def substitute_aliases(node: exp.Expression, keys_first: bool) -> exp.Expression:
         def swap(n: exp.Expression) -> exp.Expression:
-            if isinstance(n, exp.Column) and not n.table and n.name in aliases \
+            if isinstance(n, exp.Column) and not n.table and output_name(n) in aliases \
                     and not (keys_first and n.name in key_names) \
                     and n.find_ancestor(exp.AggFunc) is None:
-                return aliases[n.name].copy()
+                return aliases[output_name(n)].copy()  # names folded as the outputs' are
             return n
         return node.transform(swap)
 

@@ -548,7 +548,18 @@ def _public_range(col: _Checker, ctype: str, lower: float | None, upper: float |
 
 
 def _local_dp(col: _Checker, ctype: str) -> LocalDP:
-    """`ldp = {…}`: the column was randomized on each respondent's device (dpproxy.local)."""
+    """`ldp = {…}`: the column was randomized on each respondent's device (dpproxy.local),
+    by a channel of finite ε (one that sometimes tells the truth for certain has none,
+    and its reports would be released exactly under public membership)."""
+    channel = _local_channel(col, ctype)
+    if not math.isfinite(channel.epsilon):
+        col.fail("ldp", "these probabilities let some reports tell the true answer for "
+                 "certain (ε = ∞), which is no local privacy: keep every probability "
+                 "strictly between 0 and 1, or give epsilon = …")
+    return channel
+
+
+def _local_channel(col: _Checker, ctype: str) -> LocalDP:
     sub = col.sub("ldp", {"mechanism", "epsilon", "f", "h", "s", "domain", "p", "q",
                           "variant"})
     assert sub is not None

@@ -99,11 +99,15 @@ def test_estimators_match_the_textbook_formulas() -> None:
     est = rr.estimate_counts(ones=300, n=1000)
     r = 0.3
     assert est.value == pytest.approx((r + f - 1) / (2 * f - 1))
-    assert est.delta == pytest.approx(2 / (2 * f - 1) * math.sqrt(r * (1 - r) / 1000))
+    # the binomial error at the report probability nearest 1/2 (f and 1 − f straddle it)
+    assert est.delta == pytest.approx(2 / (2 * f - 1) * math.sqrt(0.25 / 1000))
     ue = UnaryEncoding(("a", "b"), 0.5, 0.25)
     (a, b) = ue.estimate_counts([400, 200], 1000)
     assert a.value == pytest.approx((400 - 1000 * 0.25) / 0.25)
-    assert b.standard_error == pytest.approx(math.sqrt(1000 * 0.2 * 0.8) / 0.25)
+    assert b.standard_error == pytest.approx(math.sqrt(1000 * 0.5 * 0.5) / 0.25)
+    lopsided = UnaryEncoding(("a", "b"), 0.2, 0.1)  # π in [0.1, 0.2]: 0.2 is nearest 1/2
+    assert lopsided.estimate_counts([30, 20], 100)[0].standard_error == pytest.approx(
+        math.sqrt(100 * 0.2 * 0.8) / 0.1)
     assert math.isnan(debias(0, 0, 0.75, 0.25).value)
     assert Estimate(1.0, 0.5, 10).interval(0.95) == pytest.approx((0.02, 1.98), abs=1e-3)
 
@@ -193,9 +197,8 @@ def test_cli_randomized_response_round_trip() -> None:
     f = 1 / (1 + math.exp(-2))
     exact_se = math.sqrt(f * (1 - f) / n) / (2 * f - 1)
     assert abs(result["proportion"] - yes / n) < Z_MEAN * exact_se
-    r = result["proportion"] * (2 * f - 1) + 1 - f  # the share of "1" reports
     assert result["proportion_standard_error"] == pytest.approx(
-        math.sqrt(r * (1 - r) / n) / (2 * f - 1))  # the issue's Δp / 2, conservative
+        math.sqrt(1 / (4 * n)) / (2 * f - 1))  # the issue's Δp / 2 at r = 1/2, conservative
     text = run(["estimate", "--mechanism", "rr", "--epsilon", "2", "--column", "answer"],
                encoded.stdout)
     assert text.returncode == 0 and "reports: 20000" in text.stdout
@@ -230,3 +233,47 @@ def test_doctests() -> None:
     for module in (dpproxy.local, dpproxy.analyze.ldp):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0
+
+
+SURVEY = Path(__file__).resolve().parent.parent / "policies" / "survey.toml"
+SURVEY_RR = 'ldp = { mechanism = "randomized_response", h = 0.5, s = 0.5 }'
+
+
+@pytest.mark.parametrize("channel", [
+    'mechanism = "randomized_response", f = 1.0',
+    'mechanism = "randomized_response", h = 0.5, s = 1.0',
+    'mechanism = "randomized_response", h = 0.5, s = 0.0',
+])
+def test_a_policy_refuses_a_channel_of_infinite_epsilon(tmp_path: Path, channel: str) -> None:
+    """f = 1 (or a second coin of 0 or 1) lets every report of one answer be the truth:
+    under public membership such reports were released exactly, at no cost, while the
+    policy loaded as local DP."""
+    from dpproxy.errors import InvalidPolicy
+    from dpproxy.policy import load_policy
+
+    text = SURVEY.read_text()
+    assert SURVEY_RR in text
+    path = tmp_path / "survey.toml"
+    path.write_text(text.replace(SURVEY_RR, f"ldp = {{ {channel} }}"))
+    with pytest.raises(InvalidPolicy, match="ε = ∞"):
+        load_policy(path)
+
+
+@pytest.mark.parametrize("epsilon", [23.0, 700.0, 1000.0, 1e300])
+def test_a_huge_epsilon_stops_at_the_grid(epsilon: float) -> None:
+    """ε = 1000 raised an OverflowError while the policy loaded, and 1/(e^ε + 1)
+    underflowed to 0 (ε = ∞) from ~745: every channel now keeps at least one grid step."""
+    assert RandomizedResponse.from_epsilon(epsilon).epsilon == pytest.approx(22.1807, abs=1e-4)
+    assert UnaryEncoding.optimized(("a", "b"), epsilon).epsilon == pytest.approx(22.1807,
+                                                                                 abs=1e-4)
+    assert math.isfinite(UnaryEncoding.symmetric(("a", "b"), epsilon).epsilon)
+
+
+@pytest.mark.parametrize("ones", [0, 1])
+def test_one_report_has_an_interval_that_covers_either_answer(ones: int) -> None:
+    """All reports agreeing gave r(1 − r) = 0: a "95%" interval of width 0 around 1.5 or
+    −0.5, covering the truth for 73% of single reports. With the channel's own largest
+    variance, one report's interval holds both possible truths, 0 and 1."""
+    est = RandomizedResponse.from_coins(0.5, 0.5).estimate_counts(ones=ones, n=1)
+    low, high = est.interval(0.95)
+    assert low <= 0.0 and high >= 1.0

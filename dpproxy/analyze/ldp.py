@@ -16,7 +16,8 @@ aggregates or expressions over it) is refused with 42501.
 Each such aggregate measures two statistics per group: s, the sum of reported 1s, and
 n, the number of reports. The backend computes only these; the rule debiases them,
 count = (s − n·p_zero)/(p_one − p_zero), and gives an interval from the randomization
-(normal approximation with the binomial standard error, which is conservative).
+(normal approximation with the largest binomial standard error the channel allows,
+`report_variance`, so it holds whatever the reports).
 
 Who is in a group is not protected by local DP: s and n change when a person joins or
 leaves the table, or when a WHERE/GROUP BY column changes. So unless the table declares
@@ -42,7 +43,7 @@ from collections.abc import Collection, Iterable
 from sqlglot import exp
 
 from ..errors import InvalidParameterValue, PrivacyViolation
-from ..local import RandomizedResponse, UnaryEncoding
+from ..local import RandomizedResponse, UnaryEncoding, report_variance
 from ..policy import ColumnPolicy, LocalDP, TablePolicy
 from .aggregates import AggregateRule, Interval, Statistic, Stats, Values
 from .expressions import Resolver
@@ -185,8 +186,7 @@ def _rule(kind: str, p_one: float, p_zero: float, mechanism: str) -> AggregateRu
         ones, n = values
         half_ones, half_n, z = half
         if stats[0].exact:
-            r = min(max(ones / n, 0.0), 1.0) if n > 0 else 0.0
-            sampling = z * math.sqrt(max(n, 0.0) * r * (1 - r)) / gap
+            sampling = z * math.sqrt(max(n, 0.0) * report_variance(p_one, p_zero)) / gap
         else:
             # n itself is noisy; r(1 − r) ≤ 1/4 bounds the binomial variance at any r
             sampling = z * math.sqrt(max(n + half_n, 0.0) / 4) / gap
@@ -201,9 +201,8 @@ def _rule(kind: str, p_one: float, p_zero: float, mechanism: str) -> AggregateRu
         if stats[0].exact:
             if n < 1:
                 return (0.0, 1.0)
-            r = min(max(ones / n, 0.0), 1.0)
             value = (ones / n - p_zero) / gap
-            error = z * math.sqrt(r * (1 - r) / n) / gap
+            error = z * math.sqrt(report_variance(p_one, p_zero) / n) / gap
             return (value - error, value + error)
         n_low, n_high = n - half_n, n + half_n
         if n_low < 1:

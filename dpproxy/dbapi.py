@@ -151,7 +151,7 @@ class Connection:
         self.session  # noqa: B018 - raises on a closed connection
         return Cursor(self)
 
-    def execute(self, sql: str, params: Parameters = None) -> Cursor:
+    def execute(self, sql: str | bytes, params: Parameters = None) -> Cursor:
         """Shortcut: a new cursor that has run `sql` (as in psycopg 3)."""
         return self.cursor().execute(sql, params)
 
@@ -222,6 +222,18 @@ def _python_values(result: Result) -> list[tuple[Any, ...]]:
     return [converted(row) for row in result.rows]
 
 
+def _statement_text(sql: object) -> str:
+    """The statement as text: a str, or bytes in UTF-8 (as psycopg takes them)."""
+    if isinstance(sql, bytes):
+        try:
+            return sql.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProgrammingError("the statement is not valid UTF-8") from None
+    if not isinstance(sql, str):
+        raise ProgrammingError(f"the statement must be a str, not {type(sql).__name__}")
+    return sql
+
+
 class Cursor:
     arraysize = 1
 
@@ -273,9 +285,10 @@ class Cursor:
             raise InterfaceError("the cursor is closed")
         return self.connection.session
 
-    def execute(self, sql: str, params: Parameters = None) -> Cursor:
+    def execute(self, sql: str | bytes, params: Parameters = None) -> Cursor:
         session = self._check()
         self._result = None
+        sql = _statement_text(sql)
         if params is not None:
             sql = unescape_percent(sql)
         # grants edited in the policy file apply from the next statement, as on the server
@@ -285,7 +298,9 @@ class Cursor:
         self._position = 0
         return self
 
-    def executemany(self, sql: str, seq_of_params: Sequence[Parameters]) -> Cursor:
+    def executemany(self, sql: str | bytes, seq_of_params: Sequence[Parameters]) -> Cursor:
+        self._check()
+        self._result = None  # no parameter sets: no result, as psycopg leaves it
         for params in seq_of_params:
             self.execute(sql, params)
         return self
@@ -319,8 +334,13 @@ class Cursor:
         return chunk
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
-        while (row := self.fetchone()) is not None:
-            yield row
+        return self
+
+    def __next__(self) -> tuple[Any, ...]:
+        row = self.fetchone()
+        if row is None:
+            raise StopIteration
+        return row
 
     def setinputsizes(self, sizes: Any) -> None:
         pass

@@ -568,3 +568,36 @@ def test_a_removed_analyst_runs_nothing_more(make_policy: Any) -> None:
             conn.execute("SELECT COUNT(*) FROM visits")
         assert refused.value.sqlstate == "28000" and "removed" in str(refused.value)
         assert ledger.status("analyst:alice").spent.epsilon == spent
+
+
+def test_executemany_without_parameter_sets_leaves_no_result(conn: dpproxy.Connection
+                                                              ) -> None:
+    """An empty executemany kept the previous statement's rows and description, even on a
+    closed cursor."""
+    cur = conn.cursor()
+    cur.execute("SELECT COUNT(*) FROM adult")
+    assert cur.rowcount == 1
+    cur.executemany("SELECT COUNT(*) FROM adult WHERE age > %s", [])
+    assert cur.rowcount == -1 and cur.description is None
+    cur.close()
+    with pytest.raises(dpproxy.InterfaceError):
+        cur.executemany("SELECT COUNT(*) FROM adult", [])
+
+
+def test_the_statement_is_text_or_utf8_bytes(conn: dpproxy.Connection) -> None:
+    """Bytes are read as UTF-8, as psycopg reads them; anything else is a ProgrammingError
+    (it was a bare TypeError, outside dpproxy.Error)."""
+    cur = conn.cursor()
+    assert cur.execute(b"SELECT COUNT(*) FROM adult").rowcount == 1
+    for bad in (None, 42, b"\xff"):
+        with pytest.raises(dpproxy.ProgrammingError):
+            cur.execute(bad)  # type: ignore[arg-type]
+
+
+def test_a_cursor_is_an_iterator(conn: dpproxy.Connection) -> None:
+    """next(cursor) reads the next row, as PEP 249's extension and psycopg have it."""
+    cur = conn.execute("SELECT sex, COUNT(*) FROM adult GROUP BY sex")
+    assert next(cur)[0] == "Female"
+    assert [r[0] for r in cur] == ["Male"]
+    with pytest.raises(StopIteration):
+        next(cur)

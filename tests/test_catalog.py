@@ -942,6 +942,11 @@ def test_version_settings_and_session_functions(policy: Policy) -> None:
     with pytest.raises(Exception, match="unrecognized configuration parameter") as raised:
         catalog.answer("SELECT current_setting('no_such_setting')")
     assert getattr(raised.value, "sqlstate", None) == "42704"
+    # set_config of a dpproxy option answered its new value while the session kept the old
+    with pytest.raises(Exception, match=r"SET dpproxy\.epsilon") as refused:
+        catalog.answer("SELECT set_config('dpproxy.epsilon', '1e-30', false)")
+    assert getattr(refused.value, "sqlstate", None) == "0A000"
+    assert "dpproxy.epsilon" not in settings
 
 
 @pytest.mark.parametrize(("setting", "value"), [

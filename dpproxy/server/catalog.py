@@ -49,7 +49,7 @@ from sqlglot.errors import ParseError, TokenError
 from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 from sqlglot.tokens import TokenType
 
-from ..errors import Error, ProgrammingError, UndefinedObject, UndefinedTable
+from ..errors import Error, NotSupportedError, ProgrammingError, UndefinedObject, UndefinedTable
 from ..parse import bind_parameters, parse_statements, split_statements, to_literal
 from ..policy import AnalystPolicy, Policy
 from ..session import Description, Result
@@ -1772,6 +1772,11 @@ class Catalog:
             return exp.cast(exp.Null(), "VARCHAR")
         setting = str(values[0])
         if name == "set_config":
+            if setting.lower().startswith("dpproxy."):
+                # the catalog keeps client settings only: the session's options would be
+                # reported set while queries ran at the old ones
+                raise NotSupportedError(f"set_config cannot change {setting}",
+                                        hint=f"SET {setting} = …")
             value = None if len(values) < 2 or values[1] is None else str(values[1])
             if record and value is not None:
                 self.settings[setting.lower()] = value

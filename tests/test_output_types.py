@@ -123,3 +123,11 @@ def test_aliases_are_folded_as_postgresql_folds_them(engine: Engine) -> None:
     quoted = session.execute(
         'SELECT sex, COUNT(*) AS "Total" FROM adult GROUP BY sex ORDER BY "Total"')
     assert quoted.columns == ("sex", "Total")
+
+
+def test_a_quoted_name_names_one_column_exactly(engine: Engine) -> None:
+    """"Age" is not age in PostgreSQL (quoted names keep their case); it was answered as
+    age. Unquoted AGE still folds to age."""
+    assert_refused(engine, 'SELECT COUNT(*) FROM adult WHERE "Age" > 40', "42703", "'Age'")
+    session = engine.session("alice", epsilon=1.0)
+    assert len(session.execute('SELECT COUNT(*) FROM adult WHERE "age" > AGE - 1').rows) == 1

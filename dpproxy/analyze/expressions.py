@@ -272,8 +272,10 @@ def make_resolver(table_name: str, alias: str | None, columns: Mapping[str, Colu
             raise UndefinedColumn(
                 f"missing FROM-clause entry for table {node.table!r}",
                 hint=f"columns of {table_name} can be written as {table_name}.column")
-        policy = columns.get(node.name) or next(
-            (c for name, c in columns.items() if name.lower() == node.name.lower()), None)
+        policy = columns.get(node.name)
+        if policy is None and not _quoted(node):  # "Age" names Age alone, as in PostgreSQL
+            policy = next((c for name, c in columns.items()
+                           if name.lower() == node.name.lower()), None)
         if policy is None:
             raise UndefinedColumn(
                 f"column {node.name!r} does not exist in table {table_name}",
@@ -286,6 +288,11 @@ def make_resolver(table_name: str, alias: str | None, columns: Mapping[str, Colu
         return policy
 
     return resolve
+
+
+def _quoted(node: exp.Column) -> bool:
+    identifier = node.this
+    return isinstance(identifier, exp.Identifier) and bool(identifier.quoted)
 
 
 def type_row_expression(node: exp.Expression, columns: Mapping[str, ColumnPolicy] | Resolver

@@ -1187,3 +1187,36 @@ def test_a_running_catalog_query_can_be_interrupted(policy: Policy) -> None:
     worker.join(10)
     assert len(outcome) == 1 and isinstance(outcome[0], QueryCanceled)
     assert outcome[0].sqlstate == "57014"
+
+
+def test_a_table_named_with_its_schema_quoted_is_found(catalog: Catalog) -> None:
+    """Metabase's privilege check quotes schema and table ('"public"."adult"'): it found
+    no table, so has_table_privilege said false and the tool hid every table."""
+    spellings = ["adult", '"adult"', "public.adult", 'public."adult"', '"public".adult',
+                 '"public"."adult"']
+    result = catalog.answer("SELECT " + ", ".join(
+        f"has_table_privilege(current_user, '{s}', 'SELECT')" for s in spellings)
+        + ", " + ", ".join(f"to_regclass('{s}')::oid" for s in spellings))
+    assert result is not None
+    privileges, oids = result.rows[0][:6], result.rows[0][6:]
+    assert privileges == (True,) * 6
+    assert len(set(oids)) == 1 and oids[0] is not None
+
+
+def test_pg_get_keywords_lists_postgresql_15s_keywords(catalog: Catalog) -> None:
+    """pgjdbc's getSQLKeywords() (DBeaver sets up its dialect with it) read
+    pg_get_keywords(), which was refused: in manual-commit mode that aborted the
+    transaction and every later metadata call. PostgreSQL 15 has 460 keywords, 77 of
+    them reserved."""
+    result = catalog.answer(
+        "SELECT count(*), count(*) FILTER (WHERE catcode = 'R'), "
+        "string_agg(word, ',' ORDER BY word) FILTER (WHERE NOT barelabel AND catcode = 'T') "
+        "FROM pg_get_keywords()")
+    assert result is not None
+    assert result.rows == [(460, 77, "isnull,notnull,overlaps")]
+    jdbc = catalog.answer(  # pgjdbc's own query
+        "select string_agg(word, ',') from pg_catalog.pg_get_keywords() "
+        "where word <> ALL ('{a,abs,absolute}'::text[])")
+    assert jdbc is not None and "select" in jdbc.rows[0][0].split(",")
+    listed = catalog.answer("SELECT count(*) FROM pg_class WHERE relname LIKE '%keyword%'")
+    assert listed is not None and listed.rows == [(0,)]

@@ -74,10 +74,11 @@ def test_java_application(jdbc: tuple[str, Path], serve: ServeFactory) -> None:
     served = serve(BIG_BUDGET)
     count_men = "SELECT COUNT(*) AS n FROM adult WHERE age > ? AND sex = ?"
     since = "SELECT COUNT(*) FROM visits WHERE day >= ?"
-    (tables, columns, epsilon, men, since_date, since_local, since_time, by_education,
-     averages, refused, after) = run_script(jdbc, served.port, [
+    (tables, columns, keywords, epsilon, men, since_date, since_local, since_time,
+     by_education, averages, refused, after) = run_script(jdbc, served.port, [
         ["tables"],
         ["columns", "adult"],
+        ["keywords"],
         ["execute", "SET dpproxy.epsilon = 1000"],
         # 7 runs: pgjdbc's fifth and later use a named statement and binary results
         ["query", "7", count_men, "int:40", "string:Male"],
@@ -93,6 +94,8 @@ def test_java_application(jdbc: tuple[str, Path], serve: ServeFactory) -> None:
     assert {r[2] for r in values(tables)} == {"adult", "visits", "occupation_groups"}
     assert [(r[3], r[5]) for r in values(columns)][:3] == [
         ("person_id", "int8"), ("age", "int8"), ("sex", "text")]
+    # pgjdbc reads pg_get_keywords() and leaves out SQL:2003's own words
+    assert {"analyze", "concurrently", "verbose"} <= set(keywords["keywords"].split(","))
     assert epsilon == {"ok": True}
 
     assert men["columns"] == [["n", "int8"]]

@@ -55,6 +55,7 @@ from ..policy import AnalystPolicy, Policy
 from ..session import Description, Result
 from .codec import array_items
 from .jobs import QueryCanceled
+from .keywords import keyword_rows
 
 log = logging.getLogger("dpproxy.catalog")
 
@@ -712,6 +713,11 @@ _NAMES = Relation("pg_catalog", "_dp_names",
                   (("kind", "text"), ("spelling", "text"), ("oid", "oid")))
 _LABELS = Relation("pg_catalog", "_dp_labels",
                    (("kind", "text"), ("oid", "oid"), ("label", "text")))
+# pg_get_keywords()'s rows, which a call in FROM reads (`_table_functions`); not in pg_class
+_KEYWORDS = Relation("pg_catalog", "_dp_keywords", (
+    ("word", "text"), ("catcode", "text"), ("barelabel", "bool"), ("catdesc", "text"),
+    ("baredesc", "text")))
+_CATALOG_BY_NAME[(_KEYWORDS.schema, _KEYWORDS.name)] = _KEYWORDS  # read, never listed
 _TYPE_ALIASES = {"int": "int4", "integer[]": "_int4", "float": "float8", "decimal": "numeric",
                  "char": "bpchar", "character varying[]": "_varchar"}
 
@@ -727,7 +733,10 @@ def _lookups(identity: _Identity) -> dict[Relation, list[tuple[Any, ...]]]:
 
     for r in identity.tables + CATALOG_RELATIONS:
         qualified = f"{r.schema}.{_quote_ident(r.name)}"
-        spell("class", r.oid, str(r.oid), f"{r.schema}.{r.name}", f'{r.schema}."{r.name}"')
+        # every quoting of schema and name a client writes ("public"."adult": Metabase's
+        # privilege check quotes both)
+        spell("class", r.oid, str(r.oid), *(f"{schema}.{name}" for schema in (
+            r.schema, f'"{r.schema}"') for name in (r.name, f'"{r.name}"')))
         if r.schema != "information_schema":  # on the search path
             spell("class", r.oid, r.name, f'"{r.name}"')
         labels.append(("class", r.oid, r.name if r.schema != "information_schema"
@@ -747,7 +756,8 @@ def _lookups(identity: _Identity) -> dict[Relation, list[tuple[Any, ...]]]:
         spell("role", oid, str(oid), name, f'"{name}"')
         labels.append(("role", oid, name))
     spell("database", DATABASE_OID, str(DATABASE_OID), identity.database)
-    return {_NAMES: [(k, s, o) for (k, s), o in names.items()], _LABELS: labels}
+    return {_NAMES: [(k, s, o) for (k, s), o in names.items()], _LABELS: labels,
+            _KEYWORDS: keyword_rows()}
 
 
 def _macros(identity: _Identity) -> dict[str, list[tuple[str, str]]]:
@@ -950,7 +960,7 @@ def _build_database(identity: _Identity) -> duckdb.DuckDBPyConnection:
     rows = {r: catalog_rows[(r.schema, r.name)] for r in CATALOG_RELATIONS
             if catalog_rows[(r.schema, r.name)]} | _lookups(identity)
     statements = [f"CREATE SCHEMA {schema}" for schema in _DUCK_SCHEMAS.values()]
-    for relation in (*CATALOG_RELATIONS, _NAMES, _LABELS):
+    for relation in (*CATALOG_RELATIONS, _NAMES, _LABELS, _KEYWORDS):
         columns = ", ".join(f'"{c}" {_duck_type_sql(t)}' for c, t in relation.columns)
         statements.append(f"CREATE TABLE {_duck_table(relation)} ({columns})")
     for name, overloads in _macros(identity).items():
@@ -1540,6 +1550,7 @@ def _prepare(sql: str) -> _Prepared | None:
     if not isinstance(tree, exp.Query):
         return None
     tree = normalize_identifiers(tree, dialect="postgres")  # PG folds unquoted names
+    tree = _table_functions(tree)
     unknown = _route(tree)
     if unknown is None:
         return None
@@ -1562,6 +1573,20 @@ def _prepare(sql: str) -> _Prepared | None:
         exp.Anonymous)) or any(True for _ in tree.find_all(exp.Parameter, exp.Placeholder))
     static_sql = None if per_call else tree.sql("duckdb")
     return _Prepared(tree, columns, types, parameter_types, static_sql)
+
+
+def _table_functions(tree: exp.Expression) -> exp.Expression:
+    """`FROM pg_get_keywords()` reads the keywords' table, under the call's alias."""
+    def swap(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Table) and isinstance(node.this, exp.Anonymous) \
+                and node.this.name.lower() == "pg_get_keywords" and not node.this.expressions \
+                and (node.db or "pg_catalog").lower() == "pg_catalog":
+            alias = node.args.get("alias") or exp.TableAlias(
+                this=exp.to_identifier("pg_get_keywords"))
+            return exp.Table(this=exp.to_identifier(_KEYWORDS.name),
+                             db=exp.to_identifier("pg_catalog"), alias=alias)
+        return node
+    return tree.transform(swap)
 
 
 def _bind(tree: exp.Expression, params: Sequence[object] | Mapping[str, object] | None
@@ -1615,7 +1640,7 @@ def _is_pg_array_for(tree: exp.Expression, index: int, value: object) -> bool:
 _CATALOG_WORDS = frozenset(
     {"pg_catalog", "information_schema", *REG_TYPES, *CATALOG_FUNCTIONS, *_SQL_VALUE_FUNCTIONS,
      "current_schema", "current_schemas", "current_user", "session_user", "current_catalog",
-     *(r.name for r in CATALOG_RELATIONS if r.schema == "pg_catalog")})
+     "pg_get_keywords", *(r.name for r in CATALOG_RELATIONS if r.schema == "pg_catalog")})
 
 
 @functools.lru_cache(maxsize=1024)

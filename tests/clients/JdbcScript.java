@@ -89,6 +89,8 @@ public class JdbcScript {
                 }
             case "columns":
                 try (ResultSet rs = meta.getColumns(null, null, f[1], "%")) { return result(rs); }
+            case "keywords":  // what DBeaver reads to set up its SQL dialect (words a-z only)
+                return "{\"keywords\": \"" + meta.getSQLKeywords() + "\"}";
             default:
                 throw new IllegalArgumentException("unknown command " + f[0]);
         }

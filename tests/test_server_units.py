@@ -154,6 +154,33 @@ def test_statement_threads_deliver_results_and_errors_and_stay_bounded() -> None
         asyncio.run(_submit_after(threads))
 
 
+def test_a_statement_never_waits_behind_another_while_a_thread_can_start() -> None:
+    """A new thread counted itself idle before running the work it was started for: after
+    one statement the pool believed two threads idle, gave a long statement and then a
+    quick one the same thread, and the quick one waited for the long one (a catalog query
+    held up everyone's logins)."""
+    threads = StatementThreads(4)
+    gate = threading.Event()
+
+    async def main() -> bool:
+        loop = asyncio.get_running_loop()
+        assert await threads.submit(loop, lambda: 1) == 1
+        await asyncio.sleep(0.2)  # the thread is back waiting for work
+        long = threads.submit(loop, gate.wait, 10)
+        quick = threads.submit(loop, lambda: "quick")
+        try:
+            return await asyncio.wait_for(quick, 5) == "quick" and not long.done()
+        finally:
+            gate.set()
+            await long
+
+    try:
+        assert asyncio.run(main())
+    finally:
+        gate.set()
+        threads.shutdown()
+
+
 async def _until(condition: Callable[[], bool]) -> None:
     for _ in range(2000):
         if condition():

@@ -133,8 +133,10 @@ class StatementThreads:
         return future
 
     def _work(self) -> None:
+        # a new thread starts on the work it was started for: it counts itself idle only
+        # once that is done (counted at its start, it stood for an idle thread while busy,
+        # and `submit` queued the next statement behind a long one instead of starting one)
         while True:
-            self._idle.release()
             work = self._queue.get()
             if work is None:
                 return
@@ -148,6 +150,7 @@ class StatementThreads:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_settle, future, result, error)
             del work, future, result, error
+            self._idle.release()
 
     def shutdown(self) -> None:
         """Cancel the work not started yet, let running work finish, stop every thread."""

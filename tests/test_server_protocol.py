@@ -525,6 +525,21 @@ def test_statement_timeout(serve: ServeFactory, hold: _Hold) -> None:
         assert conn.execute("SELECT 1 AS one").fetchone() == (1,)
 
 
+def test_a_catalog_query_past_the_statement_timeout_is_stopped(serve: ServeFactory) -> None:
+    """A catalog query costs nothing and reads nothing private, and it ran on in its thread
+    after the timeout (a cross join of pg_attribute: for hours), holding a statement
+    thread and the connection's next statement: it is interrupted."""
+    served = serve(statement_timeout_s=0.5)
+    cross = ("SELECT count(*) FROM pg_catalog.pg_attribute a, pg_catalog.pg_attribute b, "
+             "pg_catalog.pg_attribute c, pg_catalog.pg_attribute d, pg_catalog.pg_attribute e")
+    with psycopg.connect(served.dsn(), autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.QueryCanceled, match="statement timeout"):
+            conn.execute(cross)
+        thread, outcome = _in_thread(lambda: conn.execute("SELECT 1 AS one").fetchone())
+        thread.join(30)  # waits for the catalog query's thread to be free
+        assert outcome == [(1,)]
+
+
 def test_client_leaving_mid_query_stops_it_and_others_are_served(
         raw: Raw, hold: _Hold) -> None:
     served, connect = raw

@@ -371,15 +371,25 @@ class ClientConnection:
         been charged (then it finishes and is delivered). A queued job stops as it starts,
         a running one at its charge; the thread is never abandoned, so the session never
         runs two statements at once."""
-        if self._job is not None and self._job.try_cancel() and self._catalog is not None:
-            self._catalog.interrupt()  # a catalog query reads nothing private: stop it now
+        if self._job is not None:
+            self._stop(self._job)
+
+    def _stop(self, job: Job, reason: str | None = None) -> bool:
+        """Cancel `job` unless it is being charged (True: it will stop); a catalog query
+        reads nothing private and is interrupted at once, where its thread would otherwise
+        run on after a timeout or a departed client, holding a statement thread."""
+        if not job.try_cancel(reason):
+            return False
+        if self._catalog is not None:
+            self._catalog.interrupt()
+        return True
 
     def shutdown(self) -> None:
         """Server shutdown: stop now if idle, after the running statement otherwise;
         a statement not yet charged is cancelled."""
         self.stopping = True
         if self._job is not None:
-            self._job.try_cancel("canceling statement due to server shutdown")
+            self._stop(self._job, "canceling statement due to server shutdown")
         if self._idle and self.task is not None:
             self.task.cancel()
 
@@ -562,11 +572,11 @@ class ClientConnection:
                 self._consume_read()
                 if self._eof:
                     # The client left mid-statement: stop it unless it is being charged.
-                    job.try_cancel("client disconnected")
+                    self._stop(job, "client disconnected")
                     self._orphan = future
                     raise ClientGone
                 continue
-            charged = not job.try_cancel("canceling statement due to statement timeout")
+            charged = not self._stop(job, "canceling statement due to statement timeout")
             self._orphan = future  # the next statement waits for this one's thread
             raise QueryCanceled(
                 "canceling statement due to statement timeout",

@@ -730,3 +730,27 @@ def test_serve_command_prints_how_to_connect_and_stops_on_sigterm(
         if process.poll() is None:
             process.kill()
             process.wait(timeout=30)
+
+
+def test_bad_binary_parameters_are_errors_that_keep_the_connection(raw: Raw) -> None:
+    """A binary date beyond Python's years killed the connection with an internal error
+    (PostgreSQL: 22008), and a NUL inside a binary text was accepted and charged (text
+    format: 22021). A wrong count of result formats was found after the charge."""
+    served, connect = raw
+    client = connect()
+    cases = [
+        ("SELECT COUNT(*) FROM visits WHERE day > $1", 1082, struct.pack("!i", 2 ** 31 - 1),
+         "22008", ()),
+        ("SELECT COUNT(*) FROM visits WHERE day > $1", 1114, struct.pack("!q", 2 ** 63 - 1),
+         "22008", ()),
+        ("SELECT COUNT(*) FROM adult WHERE sex = $1", 25, b"Ma\x00le", "22021", ()),
+        ("SELECT COUNT(*) FROM adult WHERE sex = $1", 25, b"Male", "08P01", (0, 1, 0)),
+    ]
+    for sql, oid, value, sqlstate, result_formats in cases:
+        client.send(codec.Parse("", sql, (oid,)),
+                    codec.Bind("", "", (1,), (value,), result_formats),
+                    codec.Execute("", 0), codec.Sync())
+        messages = client.until(codec.ReadyForQuery)
+        assert errors_in(messages) == [sqlstate] and not rows_in(messages)
+    assert served.spent() == 0
+    assert rows_in(client.query("SELECT 1 AS one")) == [(b"1",)]

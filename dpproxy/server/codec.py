@@ -68,6 +68,10 @@ class CharacterNotInRepertoire(errors.DataError):
     sqlstate = "22021"
 
 
+class DatetimeFieldOverflow(errors.DataError):
+    sqlstate = "22008"
+
+
 class UndefinedFunction(errors.ProgrammingError):
     sqlstate = "42883"
 
@@ -1171,10 +1175,15 @@ def decode_parameter(data: bytes | None, type_oid: int, fmt: int = TEXT,
             raise InvalidBinaryRepresentation(
                 f"incorrect binary data format in bind parameter {position}")
         return data == b"\x01"
-    if type_oid == DATE:
-        return POSTGRES_EPOCH + dt.timedelta(days=_I32.unpack(data)[0])
-    if type_oid in (TIMESTAMP, 1184):
-        return POSTGRES_EPOCH_DATETIME + dt.timedelta(microseconds=_I64.unpack(data)[0])
+    try:  # beyond Python's years 1…9999 (PostgreSQL's infinity among them): out of range
+        if type_oid == DATE:
+            return POSTGRES_EPOCH + dt.timedelta(days=_I32.unpack(data)[0])
+        if type_oid in (TIMESTAMP, 1184):
+            return POSTGRES_EPOCH_DATETIME + dt.timedelta(microseconds=_I64.unpack(data)[0])
+    except OverflowError:
+        what = "date" if type_oid == DATE else "timestamp"
+        raise DatetimeFieldOverflow(f"{what} out of range in bind parameter {position}") \
+            from None
     if type_oid == NUMERIC:
         return _numeric_from_binary(data)
     known = TYPES_BY_OID.get(type_oid)
@@ -1183,6 +1192,9 @@ def decode_parameter(data: bytes | None, type_oid: int, fmt: int = TEXT,
     if type_oid == 17:
         return data
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise CharacterNotInRepertoire("invalid byte sequence for encoding \"UTF8\"") from None
+    if "\x00" in text:  # as in text format: PostgreSQL's text holds no NUL
+        raise CharacterNotInRepertoire("invalid byte sequence for encoding \"UTF8\": 0x00")
+    return text

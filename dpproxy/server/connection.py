@@ -1072,6 +1072,12 @@ class ClientConnection:
             self._send(EmptyQueryResponse())
             return
         if portal.result is None:
+            if len(portal.result_formats) > 1:
+                # one format per column: checked before the query runs (and is charged), as
+                # PostgreSQL checks it at Bind, from the shape analysis gives for free
+                shape = portal.statement.description \
+                    or await self._shape(portal.statement, portal.params)
+                _formats(portal.result_formats, len(shape.columns))
             await self._run_portal(portal)
         result = portal.result
         assert result is not None

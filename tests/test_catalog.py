@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from dpproxy import errors
 from dpproxy.errors import UndefinedTable
 from dpproxy.policy import Policy, load_policy
 from dpproxy.server.catalog import TYPE_OIDS, Catalog
@@ -1220,3 +1221,13 @@ def test_pg_get_keywords_lists_postgresql_15s_keywords(catalog: Catalog) -> None
     assert jdbc is not None and "select" in jdbc.rows[0][0].split(",")
     listed = catalog.answer("SELECT count(*) FROM pg_class WHERE relname LIKE '%keyword%'")
     assert listed is not None and listed.rows == [(0,)]
+
+
+def test_a_catalog_answer_is_bounded_in_bytes(catalog: Catalog) -> None:
+    """max_result_rows bounds rows, not their width: repeat('x', 5000) over a cross join
+    held 450 MB per connection. An answer beyond MAX_CATALOG_BYTES is refused (54000)."""
+    with pytest.raises(errors.ProgramLimitExceeded, match="larger than 64 MB"):
+        catalog.answer("SELECT repeat('x', 100000) FROM pg_catalog.pg_attribute a, "
+                       "pg_catalog.pg_attribute b LIMIT 1000")
+    small = catalog.answer("SELECT repeat('x', 1000) FROM pg_catalog.pg_attribute LIMIT 10")
+    assert small is not None and len(small.rows) == 10

@@ -49,7 +49,14 @@ from sqlglot.errors import ParseError, TokenError
 from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 from sqlglot.tokens import TokenType
 
-from ..errors import Error, NotSupportedError, ProgrammingError, UndefinedObject, UndefinedTable
+from ..errors import (
+    Error,
+    NotSupportedError,
+    ProgramLimitExceeded,
+    ProgrammingError,
+    UndefinedObject,
+    UndefinedTable,
+)
 from ..parse import bind_parameters, parse_statements, split_statements, to_literal
 from ..policy import AnalystPolicy, Policy
 from ..session import Description, Result
@@ -1760,7 +1767,7 @@ class Catalog:
             with self._lock:
                 cursor = self._cursor.execute(duck_sql)
                 description = cursor.description or []
-                rows = cursor.fetchall()
+                rows = _bounded_rows(cursor)
         except duckdb.InterruptException:
             raise QueryCanceled("canceling statement due to user request") from None
         except duckdb.Error as exc:
@@ -1813,6 +1820,24 @@ class Catalog:
                 raise UndefinedObject(f'unrecognized configuration parameter "{setting}"',
                                       hint="dpproxy's own options: SHOW dpproxy.epsilon …")
         return exp.cast(to_literal(current), "VARCHAR")
+
+
+# The most a catalog answer may hold, in bytes of its values: the catalog is small, but a
+# query of it is not (repeat('x', 5000) over a cross join held 450 MB per connection).
+MAX_CATALOG_BYTES = 64 * 2 ** 20
+
+
+def _bounded_rows(cursor: duckdb.DuckDBPyConnection) -> list[tuple[Any, ...]]:
+    rows: list[tuple[Any, ...]] = []
+    size = 0
+    while chunk := cursor.fetchmany(2048):
+        size += sum(len(v) if isinstance(v, str | bytes) else 8 for row in chunk for v in row)
+        if size > MAX_CATALOG_BYTES:
+            raise ProgramLimitExceeded(
+                f"the catalog query's answer is larger than {MAX_CATALOG_BYTES // 2 ** 20} MB",
+                hint="select fewer rows or columns")
+        rows.extend(chunk)
+    return rows
 
 
 def _uncast(node: exp.Expression) -> exp.Expression:

@@ -498,6 +498,8 @@ def _cast(node: exp.Cast, env: Env) -> Value:
     try:
         if target in (t.TINYINT, t.SMALLINT, t.INT, t.BIGINT):
             return int(Decimal(str(value)).quantize(Decimal(1), ROUND_HALF_UP))
+        if target == t.DECIMAL and node.to.expressions:
+            return _to_numeric(value, node.to.expressions)
         if target in (t.FLOAT, t.DOUBLE, t.DECIMAL):
             return float(value)
         if target in (t.TEXT, t.VARCHAR, t.CHAR):
@@ -507,6 +509,18 @@ def _cast(node: exp.Cast, env: Env) -> Value:
     except (ArithmeticError, ValueError):
         return None
     raise NotSupportedError(f"CAST to {node.to.sql('postgres')} is not supported on outputs")
+
+
+def _to_numeric(value: Value, params: list[exp.Expression]) -> Value:
+    """NUMERIC(p, s): rounded to s places (halves away from zero), as a float; NULL where
+    it has more than p − s integer digits (PostgreSQL: numeric field overflow)."""
+    numbers = [int(p.name) for p in params]
+    precision, scale = numbers[0], numbers[1] if len(numbers) > 1 else 0
+    number = Decimal(repr(float(value))).quantize(Decimal(1).scaleb(-scale),
+                                                   rounding=ROUND_HALF_UP)
+    if number.adjusted() >= precision - scale:
+        return None
+    return float(number)
 
 
 _HANDLERS: dict[type[exp.Expression], Callable[[Any, Env], Value]] = {

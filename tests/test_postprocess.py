@@ -163,6 +163,11 @@ def test_conditionals_skip_null(sql: str, expected: Any) -> None:
     ("CAST(COUNT(*) AS FLOAT)", 7.0), ("COUNT(*)::DOUBLE PRECISION", 7.0),
     ("CAST(3 AS TEXT)", "3"), ("CAST(AVG(x) AS VARCHAR)", "2.5"), ("CAST(1 AS BOOLEAN)", True),
     ("CAST(0 AS BOOLEAN)", False), ("CAST('abc' AS INT)", None),
+    # NUMERIC(p, s) rounds to s places, halves away from zero (it was ignored: full float)
+    ("CAST(38.70128612480838 AS NUMERIC(10, 2))", 38.7), ("CAST(2.25 AS NUMERIC(3, 1))", 2.3),
+    ("CAST(-2.25 AS DECIMAL(3, 1))", -2.3), ("CAST(123.456 AS NUMERIC(10, 2))", 123.46),
+    ("CAST(2.5 AS NUMERIC(5))", 3.0), ("CAST(123.456 AS NUMERIC(3, 1))", None),
+    ("CAST(AVG(x) AS NUMERIC)", 2.5),
 ])
 def test_cast(sql: str, expected: Any) -> None:
     assert same(ev(sql), expected), ev(sql)

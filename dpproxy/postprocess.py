@@ -699,8 +699,6 @@ def _typed(node: exp.Expression, aggregate_types: Mapping[str, str],
     if isinstance(node, exp.Nullif):
         _comparable(node.this, node.expression, typed, "=")
         return typed(node.this)
-    if isinstance(node, exp.AggFunc):  # a constant query's outputs have none
-        return "float8"
     return "text"
 
 
@@ -793,6 +791,10 @@ def _common(parts: list[exp.Expression], typed: Callable[[exp.Expression], str],
         raise DatatypeMismatch(f"{what} types {first} and {other} cannot be matched",
                                hint="give every branch one type, or CAST them")
     for part, t in zip(parts, types, strict=True):
-        if t == _UNKNOWN and isinstance(part, exp.Literal) and result != "text":
-            _number(part, t, "") if result in _NUMBER_TYPES else _readable(part, result)
+        if t != _UNKNOWN or not isinstance(part, exp.Literal) or result == "text":
+            continue
+        if result in _NUMBER_TYPES:  # COALESCE(COUNT(*), '2'): refused, as in arithmetic
+            _number(part, t, "")
+        else:
+            _readable(part, result)
     return result

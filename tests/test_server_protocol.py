@@ -754,3 +754,22 @@ def test_bad_binary_parameters_are_errors_that_keep_the_connection(raw: Raw) -> 
         assert errors_in(messages) == [sqlstate] and not rows_in(messages)
     assert served.spent() == 0
     assert rows_in(client.query("SELECT 1 AS one")) == [(b"1",)]
+
+
+def test_a_declared_cursor_run_with_a_row_limit_is_suspended(raw: Raw) -> None:
+    """Execute with a row limit on a DECLAREd cursor answered its rows with a FETCH's
+    CommandComplete; PostgreSQL suspends the portal (PortalSuspended) when the limit is
+    reached, and completes it when it runs out."""
+    _, connect = raw
+    client = connect()
+    client.query("BEGIN")
+    client.query("DECLARE c1 CURSOR FOR SELECT occupation, COUNT(*) FROM adult "
+                 "GROUP BY occupation")
+    for _ in range(2):
+        client.send(codec.Execute("c1", 5), codec.Sync())
+        messages = client.until(codec.ReadyForQuery)
+        assert len(rows_in(messages)) == 5 and codec.PortalSuspended() in messages
+    client.send(codec.Execute("c1", 5), codec.Sync())  # 4 of the 14 left
+    messages = client.until(codec.ReadyForQuery)
+    assert len(rows_in(messages)) == 4 and codec.PortalSuspended() not in messages
+    assert any(isinstance(m, codec.CommandComplete) for m in messages)

@@ -1066,7 +1066,9 @@ class ClientConnection:
             await self._send_rows(fetched.rows, _columns(
                 fetched.columns, fetched.types,
                 _formats(portal.result_formats, len(fetched.columns))))
-            self._send(CommandComplete(fetched.tag))
+            # the row limit reached: suspended, as PostgreSQL answers (rows may remain)
+            self._send(PortalSuspended() if 0 < message.max_rows == len(fetched.rows)
+                       else CommandComplete(fetched.tag))
             return
         if not portal.statement.sql:
             self._send(EmptyQueryResponse())

@@ -189,6 +189,19 @@ def test_plaintext_after_ssl_request_is_refused(serve: ServeFactory,
         client.close()
 
 
+def test_plaintext_sent_with_a_gssenc_request_is_refused(raw: Raw) -> None:
+    """Bytes sent along with GSSENCRequest, before its answer, were taken as the startup;
+    PostgreSQL refuses them as it does after SSLRequest."""
+    served, _ = raw
+    client = RawClient(served.port)
+    try:
+        client.send_raw(codec.encode(codec.GSSENCRequest()) + codec.encode(
+            codec.StartupMessage(codec.PROTOCOL_VERSION, {"user": "alice"})))
+        assert client.closed()
+    finally:
+        client.close()
+
+
 # simple and extended query, message by message ------------------------------------------------
 def test_simple_query_results_notices_and_tags(raw: Raw) -> None:
     served, connect = raw

@@ -423,6 +423,9 @@ class ClientConnection:
                 if gss_answered or self.tls:
                     raise ProtocolViolation("unexpected GSSENCRequest")
                 gss_answered = True
+                if self._buffer:  # as after SSLRequest: PostgreSQL refuses it alike
+                    raise ProtocolViolation("received unencrypted data after GSSAPI "
+                                            "encryption request")
                 await self._raw(b"N")
                 continue
             if isinstance(packet, codec.CancelRequest):

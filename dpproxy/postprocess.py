@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import ROUND_DOWN, ROUND_HALF_UP, Context, Decimal
@@ -161,7 +162,7 @@ def check_output_expression(node: exp.Expression, check_key: Callable[[exp.Colum
         elif isinstance(node, exp.Func):
             what = written_name(node)
         else:
-            what = node.sql("postgres")
+            what = _written(node)
         raise NotSupportedError(f"{what} is not supported on query outputs",
                                 hint=f"supported: {OUTPUT_FUNCTIONS_HELP}")
     if isinstance(node, exp.Cast) and node.to.this not in _CAST_TYPES:
@@ -180,6 +181,13 @@ def check_output_expression(node: exp.Expression, check_key: Callable[[exp.Colum
         if isinstance(child, exp.DataType | exp.Var):
             continue
         check_output_expression(child, check_key)
+
+
+def _written(node: exp.Expression) -> str:
+    """`node` as SQL for a message, a window call shown by its function's name (sqlglot
+    cannot write the WindowRef standing for it)."""
+    return node.transform(lambda n: exp.var(f"{n.args.get('function') or 'window'}(…) OVER (…)")
+                          if isinstance(n, WindowRef) else n).sql("postgres")
 
 
 def constant_moment(node: exp.Expression) -> tuple[str, str] | None:
@@ -396,23 +404,27 @@ def _power(node: exp.Pow, env: Env) -> Value:
 
 def _compare(op: Callable[[Value, Value], bool]) -> Callable[[exp.Expression, Env], Value]:
     def handler(node: exp.Expression, env: Env) -> Value:
-        a, b = _ev(node.this, env), _ev(node.expression, env)
-        if a is None or b is None:
-            return None
-        # a quoted literal compared with a number is read as a number (checked numeric);
-        # text that is no number (a text key compared with one) compares as NULL
-        try:
-            if isinstance(a, str) and isinstance(b, int | float) and not isinstance(b, bool):
-                a = float(a)
-            elif isinstance(b, str) and isinstance(a, int | float) and not isinstance(a, bool):
-                b = float(b)
-        except ValueError:
-            return None
-        try:
-            return op(a, b)
-        except TypeError:
-            return op(str(a), str(b))
+        return _compared(_ev(node.this, env), _ev(node.expression, env), op)
     return handler
+
+
+def _compared(a: Value, b: Value, op: Callable[[Value, Value], bool]) -> Value:
+    """`op(a, b)` as SQL compares: NULL with NULL; a quoted literal compared with a number
+    read as a number (typed numeric: `infer_type`), as in comparisons, CASE x WHEN and
+    NULLIF alike; text that is no number (a text key compared with one) compares as NULL."""
+    if a is None or b is None:
+        return None
+    try:
+        if isinstance(a, str) and isinstance(b, int | float) and not isinstance(b, bool):
+            a = float(a)
+        elif isinstance(b, str) and isinstance(a, int | float) and not isinstance(a, bool):
+            b = float(b)
+    except ValueError:
+        return None
+    try:
+        return op(a, b)
+    except TypeError:
+        return op(str(a), str(b))
 
 
 def _and(node: exp.And, env: Env) -> Value:
@@ -445,8 +457,8 @@ def _case(node: exp.Case, env: Env) -> Value:
     subject = _ev(node.this, env) if node.this is not None else None
     for branch in node.args.get("ifs", []):
         test = _ev(branch.this, env)
-        hit = (test is not None and subject is not None and test == subject) \
-            if node.this is not None else test is True
+        hit = _compared(subject, test, operator.eq) is True if node.this is not None \
+            else test is True
         if hit:
             return _ev(branch.args["true"], env)
     return _ev(node.args.get("default"), env)
@@ -473,7 +485,7 @@ def _coalesce(node: exp.Coalesce, env: Env) -> Value:
 
 def _nullif(node: exp.Nullif, env: Env) -> Value:
     a = _ev(node.this, env)
-    return None if a is not None and a == _ev(node.expression, env) else a
+    return None if _compared(a, _ev(node.expression, env), operator.eq) is True else a
 
 
 def _least(node: exp.Least, env: Env) -> Value:
@@ -497,15 +509,17 @@ def _cast(node: exp.Cast, env: Env) -> Value:
     t = exp.DataType.Type
     try:
         if target in (t.TINYINT, t.SMALLINT, t.INT, t.BIGINT):
+            if isinstance(value, bool):  # true::int is 1
+                return int(value)
             return int(Decimal(str(value)).quantize(Decimal(1), ROUND_HALF_UP))
         if target == t.DECIMAL and node.to.expressions:
             return _to_numeric(value, node.to.expressions)
         if target in (t.FLOAT, t.DOUBLE, t.DECIMAL):
             return float(value)
         if target in (t.TEXT, t.VARCHAR, t.CHAR):
-            return str(value)
+            return _to_text(value, node.to)
         if target == t.BOOLEAN:
-            return bool(value)
+            return _to_bool(value)
     except (ArithmeticError, ValueError):
         return None
     raise NotSupportedError(f"CAST to {node.to.sql('postgres')} is not supported on outputs")
@@ -513,14 +527,49 @@ def _cast(node: exp.Cast, env: Env) -> Value:
 
 def _to_numeric(value: Value, params: list[exp.Expression]) -> Value:
     """NUMERIC(p, s): rounded to s places (halves away from zero), as a float; NULL where
-    it has more than p − s integer digits (PostgreSQL: numeric field overflow)."""
+    it has more than p − s integer digits (PostgreSQL: numeric field overflow). A float
+    is read at 15 significant digits first, as PostgreSQL converts float8 to numeric."""
     numbers = [int(p.name) for p in params]
     precision, scale = numbers[0], numbers[1] if len(numbers) > 1 else 0
-    number = Decimal(repr(float(value))).quantize(Decimal(1).scaleb(-scale),
-                                                   rounding=ROUND_HALF_UP)
+    exact = Decimal(value) if isinstance(value, int) else Decimal(f"{float(value):.15g}")
+    context = Context(prec=max(precision, 1) + 2)  # PostgreSQL allows up to 1000 digits
+    number = exact.quantize(Decimal(1).scaleb(-scale), rounding=ROUND_HALF_UP,
+                            context=context)
     if number.adjusted() >= precision - scale:
         return None
-    return float(number)
+    return float(number) + 0.0  # (-0.00 is 0.00)
+
+
+def _to_text(value: Value, to: exp.DataType) -> str:
+    """As PostgreSQL writes a value as text: true/false for truth values; VARCHAR(n) cut
+    to n characters, CHAR(n) cut or padded to n."""
+    text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+    if not to.expressions:
+        return text
+    length = int(to.expressions[0].name)
+    if to.this == exp.DataType.Type.CHAR:
+        return text[:length].ljust(length)
+    return text[:length]
+
+
+_TRUE_TEXTS = ("t", "true", "y", "yes", "on", "1")
+_FALSE_TEXTS = ("f", "false", "n", "no", "of", "off", "0")
+
+
+def _to_bool(value: Value) -> Value:
+    """A truth value as PostgreSQL reads one: a number is true unless 0, a text as its
+    boolean input ('false', 'no', 'off', 'f', ...); other text is NULL (PostgreSQL: 22P02,
+    which a released key must not raise after the charge)."""
+    if not isinstance(value, str):
+        return bool(value)
+    text = value.strip().lower()
+    if text in _TRUE_TEXTS or (len(text) > 1 and "true".startswith(text)) \
+            or (len(text) > 1 and "yes".startswith(text)):
+        return True
+    if text in _FALSE_TEXTS or (len(text) > 1 and "false".startswith(text)) \
+            or (len(text) > 1 and "no".startswith(text)):
+        return False
+    return None
 
 
 _HANDLERS: dict[type[exp.Expression], Callable[[Any, Env], Value]] = {

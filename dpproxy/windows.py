@@ -405,7 +405,8 @@ def _sums(function: str, values: list[Value], frames: list[tuple[int, int]]) -> 
     """SUM, AVG or COUNT(x) over each frame, NULLs skipped: by prefix sums (integers add
     exactly, floats to within rounding), or frame by frame where an infinity or NaN would
     spread through the prefix sums to frames without it."""
-    numbers = [0 if v is None else v for v in values]
+    # COUNT(x) counts values of any type: it adds nothing up
+    numbers = [0 if v is None or function == "count" else v for v in values]
     if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
         sums = [sum(numbers[lo:hi + 1]) for lo, hi in frames]  # type: ignore[arg-type]
     else:
@@ -420,7 +421,10 @@ def _sums(function: str, values: list[Value], frames: list[tuple[int, int]]) -> 
         elif k == 0:
             out.append(None)
         else:  # SUM of integers is NUMERIC: a float here, so a division by it keeps fractions
-            out.append(total / k if function == "avg" else float(total))
+            try:
+                out.append(total / k if function == "avg" else float(total))
+            except OverflowError:  # an integer beyond a float's range: post-processing NULL
+                out.append(None)
     return out
 
 

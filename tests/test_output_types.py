@@ -131,3 +131,44 @@ def test_a_quoted_name_names_one_column_exactly(engine: Engine) -> None:
     assert_refused(engine, 'SELECT COUNT(*) FROM adult WHERE "Age" > 40', "42703", "'Age'")
     session = engine.session("alice", epsilon=1.0)
     assert len(session.execute('SELECT COUNT(*) FROM adult WHERE "age" > AGE - 1').rows) == 1
+
+
+def test_window_calls_over_any_value_are_released(engine: Engine) -> None:
+    """COUNT(sex) OVER () added the text values up (charged, then a fault), and SUM over
+    an integer beyond a float's range overflowed; both are answered now."""
+    session = engine.session("alice", epsilon=1.0)
+    counted = session.execute("SELECT sex, COUNT(sex) OVER () AS n, COUNT(*) FROM adult "
+                              "GROUP BY sex")
+    assert [r[1] for r in counted.rows] == [2, 2]
+    huge = session.execute("SELECT sex, SUM(COUNT(*) * 1" + "0" * 400 + ") OVER () AS s "
+                           "FROM adult GROUP BY sex")
+    assert [r[1] for r in huge.rows] == [None, None]
+    assert engine.ledger.status("analyst:alice").spent.epsilon == pytest.approx(2.0)
+
+
+def test_an_unsupported_operator_over_a_window_is_refused_plainly(engine: Engine) -> None:
+    """The message naming it could not be written (a ValueError, outside dpproxy.Error)."""
+    assert_refused(engine, "SELECT sex, MAX(COUNT(*)) OVER () || 'x' FROM adult GROUP BY sex",
+                   "0A000", "max(…) OVER (…) || 'x'")
+
+
+def test_lag_default_is_typed_with_its_value(engine: Engine) -> None:
+    """LAG's default stands for a value: of its type (a text default for a count was
+    released in an int8 column)."""
+    assert_refused(engine, "SELECT sex, LAG(sex, 1, 0) OVER (ORDER BY sex) FROM adult "
+                           "GROUP BY sex", MISMATCH, "text and int8")
+    result = engine.session("alice", epsilon=1.0).execute(
+        "SELECT sex, LAG(sex, 1, 'none') OVER (ORDER BY sex) FROM adult GROUP BY sex")
+    assert [r[1] for r in result.rows] == ["none", "Female"]
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT sex AS S, COUNT(*) FROM adult GROUP BY s",
+    "SELECT sex AS Gender, COUNT(*) FROM adult GROUP BY GENDER",
+    'SELECT sex AS "gender", COUNT(*) FROM adult GROUP BY Gender',
+    'SELECT sex AS "SEX", COUNT(*) FROM adult GROUP BY "SEX"',
+])
+def test_group_by_an_alias_folds_as_postgresql_folds(engine: Engine, sql: str) -> None:
+    """GROUP BY an alias compared names as written: `AS S … GROUP BY s` was 42703."""
+    result = engine.session("alice", epsilon=1.0).execute(sql)
+    assert [r[0] for r in result.rows] == ["Female", "Male"]

@@ -168,6 +168,18 @@ def test_conditionals_skip_null(sql: str, expected: Any) -> None:
     ("CAST(-2.25 AS DECIMAL(3, 1))", -2.3), ("CAST(123.456 AS NUMERIC(10, 2))", 123.46),
     ("CAST(2.5 AS NUMERIC(5))", 3.0), ("CAST(123.456 AS NUMERIC(3, 1))", None),
     ("CAST(AVG(x) AS NUMERIC)", 2.5),
+    # beyond decimal's default 28 digits; a float read at 15 digits, as PostgreSQL reads
+    # float8 into numeric; no negative zero
+    ("CAST(2.5 AS NUMERIC(40, 30))", 2.5), ("CAST(2.4999999999999996 AS NUMERIC(2, 0))", 3.0),
+    ("CAST(0.30000000000000004 AS NUMERIC(20, 17))", 0.3), ("CAST(-0.004 AS NUMERIC(3, 2))", 0.0),
+    # truth values: true::int is 1, written true/false, read from PostgreSQL's spellings
+    ("CAST(COUNT(*) > 5 AS INT)", 1), ("CAST(COUNT(*) > 50 AS BIGINT)", 0),
+    ("CAST(COUNT(*) > 5 AS TEXT)", "true"), ("CAST('false' AS BOOLEAN)", False),
+    ("CAST('off' AS BOOLEAN)", False), ("CAST('yes' AS BOOLEAN)", True),
+    ("CAST('maybe' AS BOOLEAN)", None),
+    # lengths: VARCHAR(n) cut, CHAR(n) cut or padded
+    ("CAST(COUNT(*) * 1000 AS VARCHAR(2))", "70"), ("CAST(sex AS CHAR(2))", "Ma"),
+    ("CAST(sex AS CHAR(6))", "Male  "),
 ])
 def test_cast(sql: str, expected: Any) -> None:
     assert same(ev(sql), expected), ev(sql)
@@ -180,6 +192,18 @@ def test_cast(sql: str, expected: Any) -> None:
 ])
 def test_comparisons(sql: str, expected: bool) -> None:
     assert ev(sql) is expected
+
+
+@pytest.mark.parametrize(("sql", "expected"), [
+    ("CASE n WHEN '3' THEN 'three' ELSE 'other' END", "three"),
+    ("CASE n WHEN '4' THEN 'four' ELSE 'other' END", "other"),
+    ("NULLIF(n, '3')", None), ("NULLIF(n, '4')", 3),
+])
+def test_case_and_nullif_read_a_quoted_number_as_a_comparison_does(sql: str, expected: Any
+                                                                    ) -> None:
+    """CASE x WHEN '30' and NULLIF(x, '30') compared 30 with '30' as unequal (PostgreSQL
+    reads the literal as a number, as a comparison here does)."""
+    assert ev(sql) == expected
 
 
 def test_number_compared_with_a_numeric_string_literal() -> None:

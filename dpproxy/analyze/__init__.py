@@ -181,6 +181,11 @@ class Analysis:
         key_types = {k.name: _PG_TYPES[k.column.type] for k in self.keys}
         for call in self.windows:
             argument_types = [infer_type(a, value_types, key_types) for a in call.arguments]
+            if call.function in ("lag", "lead") and len(call.arguments) > 1:
+                # the default stands for the value: one type for both, as COALESCE's
+                argument_types[0] = infer_type(exp.Coalesce(
+                    this=call.arguments[0].copy(), expressions=[call.arguments[1].copy()]),
+                    value_types, key_types)
             value_types[call.name] = result_type(call, argument_types)
         return value_types, key_types
 
@@ -656,12 +661,20 @@ def _dereference(item: exp.Expression, select_items: Sequence[exp.Expression],
             raise ProgrammingError(f"GROUP BY position {index} is not in select list")
         target = select_items[index - 1]
         return target.this if isinstance(target, exp.Alias) else target
-    if isinstance(item, exp.Column) and not item.table \
-            and item.name.lower() not in {c.lower() for c in table.columns}:
-        for target in select_items:
-            if isinstance(target, exp.Alias) and target.alias == item.name:
+    if isinstance(item, exp.Column) and not item.table and not _names_column(item, table):
+        for target in select_items:  # names folded as PostgreSQL folds them
+            if isinstance(target, exp.Alias) and output_name(target) == output_name(item):
                 return target.this
     return item
+
+
+def _names_column(item: exp.Column, table: TablePolicy) -> bool:
+    """Whether `item` names a column of `table`, as the resolver reads names: a quoted one
+    exactly, an unquoted one in any case."""
+    identifier = item.this
+    if isinstance(identifier, exp.Identifier) and identifier.quoted:
+        return item.name in table.columns
+    return item.name.lower() in {c.lower() for c in table.columns}
 
 
 # 5 -------------------------------------------------------------------------------------------

@@ -30,10 +30,11 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import sqlglot
 from sqlglot import exp
+from sqlglot.dialects.postgres import Postgres
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Token, TokenType
 
@@ -48,7 +49,30 @@ from .errors import (
 )
 from .postprocess import output_name
 
-DIALECT = "postgres"
+
+class DpPostgres(Postgres):
+    """PostgreSQL as dpproxy reads it: sqlglot's, but for `$1,$2`, which sqlglot reads as
+    the opening tag of a dollar-quoted string (`$1,$`) where PostgreSQL (whose tags never
+    start with a digit) reads two parameters, as psycopg writes `%s,%s`. A text sqlglot
+    cannot tokenize for that reason is tokenized again without dollar quotes."""
+
+    class Tokenizer(Postgres.Tokenizer):
+        def tokenize(self, sql: str) -> list[Token]:
+            try:
+                return super().tokenize(sql)
+            except TokenError:
+                if "$" not in sql:
+                    raise
+                return _WithoutDollarQuotes(dialect=self.dialect).tokenize(sql)
+
+
+class _WithoutDollarQuotes(Postgres.Tokenizer):
+    HEREDOC_STRINGS: ClassVar[list[str | tuple[str, str]]] = []
+    SINGLE_TOKENS: ClassVar[dict[str, TokenType]] = {
+        **Postgres.Tokenizer.SINGLE_TOKENS, "$": TokenType.PARAMETER}
+
+
+DIALECT = "dppostgres"
 # sqlglot warns when printing a clause the dialect lacks (IGNORE NULLS); the analyzer refuses
 # such queries itself, so the warnings go only where an application routes its logging
 logging.getLogger("sqlglot").addHandler(logging.NullHandler())

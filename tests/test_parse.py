@@ -14,7 +14,7 @@ import sqlglot
 from sqlglot import exp
 
 from dpproxy import errors
-from dpproxy.parse import parse_statements, split_statements, to_literal
+from dpproxy.parse import parse_statements, split_statements, to_literal, tokenize
 
 QUERY = "SELECT COUNT(*) FROM adult WHERE occupation = %s"
 
@@ -388,3 +388,13 @@ def test_a_statement_too_long_to_parse_is_refused_before_parsing(sql: str, words
     # a long but ordinary statement (a BI tool's IN list of 3,000 values) still parses
     listed = ", ".join(str(i) for i in range(3000))
     assert parse_statements(f"SELECT COUNT(*) FROM adult WHERE age IN ({listed})")
+
+
+def test_parameters_without_spaces_are_parameters_and_dollar_quotes_stay() -> None:
+    """`$1,$2` was read as a dollar-quoted string's tag (`$1,$`) and failed to tokenize;
+    `$$a,b$$` is still one string."""
+    assert [t.text for t in tokenize("select $1,$2")] == ["select", "$", "1", ",", "$", "2"]
+    assert [t.text for t in tokenize("select $$a,b$$")] == ["select", "a,b"]
+    bound = parse_statements("SELECT COUNT(*) FROM adult WHERE age IN ($1,$2)", [30, 40])
+    assert bound[0].ast is not None and bound[0].ast.sql() == \
+        "SELECT COUNT(*) FROM adult WHERE age IN (30, 40)"

@@ -121,6 +121,20 @@ def test_psycopg(serve: ServeFactory) -> None:
     assert served.spent() == pytest.approx(0.3)
 
 
+def test_psycopg_parameters_written_without_spaces(serve: ServeFactory) -> None:
+    """psycopg writes `IN (%s,%s)` as `IN ($1,$2)`, which sqlglot read as a dollar-quoted
+    string's tag `$1,$` (42601); PostgreSQL reads two parameters, and so does dpproxy."""
+    import psycopg
+
+    served = serve()
+    with psycopg.connect(served.dsn(), autocommit=True) as conn:
+        listed = conn.execute("SELECT COUNT(*) FROM adult WHERE age IN (%s,%s,%s)",
+                              [30, 40, 50]).fetchone()
+        assert listed is not None and isinstance(listed[0], int)
+        assert conn.execute("SELECT %s::int4,%s::text AS t", [1, "x"]).fetchone() == (1, "x")
+    assert served.spent() == pytest.approx(0.1)
+
+
 def test_psycopg_autocommit_transaction_status(serve: ServeFactory) -> None:
     import psycopg
     from psycopg.pq import TransactionStatus

@@ -44,7 +44,6 @@ from typing import Any
 import duckdb
 import sqlglot
 from sqlglot import exp
-from sqlglot.dialects.postgres import Postgres
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 from sqlglot.tokens import TokenType
@@ -57,7 +56,7 @@ from ..errors import (
     UndefinedObject,
     UndefinedTable,
 )
-from ..parse import bind_parameters, parse_statements, split_statements, to_literal
+from ..parse import DpPostgres, bind_parameters, parse_statements, split_statements, to_literal
 from ..policy import AnalystPolicy, Policy
 from ..session import Description, Result
 from .codec import array_items
@@ -187,10 +186,10 @@ _DUCKDB_TYPES = {  # DuckDB result type → PostgreSQL type name, when the tree 
 }
 
 
-class CatalogPostgres(Postgres):
+class CatalogPostgres(DpPostgres):
     """PostgreSQL as catalog SQL writes it: `$1::oid[]`, `x::regclass[]` parse as arrays."""
 
-    class Parser(Postgres.Parser):
+    class Parser(DpPostgres.Parser):
         def _parse_types(self, *args: Any, **kwargs: Any) -> exp.Expression | None:
             this = super()._parse_types(*args, **kwargs)
             if isinstance(this, exp.ObjectIdentifier | exp.PseudoType):

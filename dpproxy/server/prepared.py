@@ -27,7 +27,7 @@ from sqlglot import exp
 from sqlglot.tokens import Token, TokenType
 
 from .. import errors
-from ..parse import tokenize
+from ..parse import DIALECT, tokenize
 from .cursors import statement_name
 
 WORDS = frozenset({"PREPARE", "EXECUTE"})
@@ -117,7 +117,7 @@ def _constants(rest: str, words: list[Token]) -> tuple[str | None, ...]:
     if not inside.strip():
         return ()
     try:
-        select = sqlglot.parse_one(f"SELECT {inside}", read="postgres")
+        select = sqlglot.parse_one(f"SELECT {inside}", read=DIALECT)
     except sqlglot.errors.ParseError:
         raise errors.SyntaxError("EXECUTE's parameters must be constants") from None
     return tuple(_text_of(item) for item in select.expressions)

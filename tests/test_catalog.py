@@ -1229,5 +1229,8 @@ def test_a_catalog_answer_is_bounded_in_bytes(catalog: Catalog) -> None:
     with pytest.raises(errors.ProgramLimitExceeded, match="larger than 64 MB"):
         catalog.answer("SELECT repeat('x', 100000) FROM pg_catalog.pg_attribute a, "
                        "pg_catalog.pg_attribute b LIMIT 1000")
+    with pytest.raises(errors.ProgramLimitExceeded, match="larger than 64 MB"):
+        catalog.answer("SELECT array_agg(repeat('x', 250)) FROM pg_catalog.pg_attribute a, "
+                       "pg_catalog.pg_attribute b")  # one row, its array counted whole
     small = catalog.answer("SELECT repeat('x', 1000) FROM pg_catalog.pg_attribute LIMIT 10")
     assert small is not None and len(small.rows) == 10

@@ -538,13 +538,20 @@ def test_statement_timeout(serve: ServeFactory, hold: _Hold) -> None:
         assert conn.execute("SELECT 1 AS one").fetchone() == (1,)
 
 
-def test_a_catalog_query_past_the_statement_timeout_is_stopped(serve: ServeFactory) -> None:
+@pytest.mark.parametrize("filtered", [False, True])
+def test_a_catalog_query_past_the_statement_timeout_is_stopped(serve: ServeFactory,
+                                                               filtered: bool) -> None:
     """A catalog query costs nothing and reads nothing private, and it ran on in its thread
     after the timeout (a cross join of pg_attribute: for hours), holding a statement
-    thread and the connection's next statement: it is interrupted."""
-    served = serve(statement_timeout_s=0.5)
+    thread and the connection's next statement: it is interrupted. `filtered`: a long
+    NOT IN list keeps it in parsing past the timeout, where an interrupt reached nothing
+    and DuckDB then ran it whole."""
+    served = serve(statement_timeout_s=0.3)
     cross = ("SELECT count(*) FROM pg_catalog.pg_attribute a, pg_catalog.pg_attribute b, "
              "pg_catalog.pg_attribute c, pg_catalog.pg_attribute d, pg_catalog.pg_attribute e")
+    if filtered:
+        cross += " WHERE a.attname NOT IN (" + ", ".join(
+            f"'n{i}'" for i in range(10000)) + ")"
     with psycopg.connect(served.dsn(), autocommit=True) as conn:
         with pytest.raises(psycopg.errors.QueryCanceled, match="statement timeout"):
             conn.execute(cross)
@@ -786,3 +793,16 @@ def test_a_declared_cursor_run_with_a_row_limit_is_suspended(raw: Raw) -> None:
     messages = client.until(codec.ReadyForQuery)
     assert len(rows_in(messages)) == 4 and codec.PortalSuspended() not in messages
     assert any(isinstance(m, codec.CommandComplete) for m in messages)
+
+
+def test_result_formats_are_checked_before_a_described_portal_runs(raw: Raw) -> None:
+    """Describe of a portal followed by its Execute (psycopg pipelines both) runs the
+    query at Describe: a wrong count of result formats was refused after the charge."""
+    served, connect = raw
+    client = connect()
+    client.send(codec.Parse("", "SELECT sex, COUNT(*) FROM adult GROUP BY sex"),
+                codec.Bind("", "", (), (), (0, 1, 0)), codec.Describe("P", ""),
+                codec.Execute("", 0), codec.Sync())
+    messages = client.until(codec.ReadyForQuery)
+    assert errors_in(messages) == ["08P01"] and not rows_in(messages)
+    assert served.spent() == 0

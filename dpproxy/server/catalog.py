@@ -60,7 +60,7 @@ from ..parse import DpPostgres, bind_parameters, parse_statements, split_stateme
 from ..policy import AnalystPolicy, Policy
 from ..session import Description, Result
 from .codec import array_items
-from .jobs import QueryCanceled
+from .jobs import QueryCanceled, current_job
 from .keywords import keyword_rows
 
 log = logging.getLogger("dpproxy.catalog")
@@ -1763,7 +1763,13 @@ class Catalog:
             raise ProgrammingError(f"the query has no placeholders but {len(params)} "
                                    "parameters were given")
         try:
+            job = current_job()
             with self._lock:
+                # a statement stopped while it was parsed would otherwise run whole: an
+                # interrupt reaches only a query DuckDB has started (the connection goes on
+                # interrupting until the statement is done, for the moment in between)
+                if job is not None and job.cancelled:
+                    raise QueryCanceled(job.reason, detail="nothing was charged")
                 cursor = self._cursor.execute(duck_sql)
                 description = cursor.description or []
                 rows = _bounded_rows(cursor)
@@ -1830,13 +1836,24 @@ def _bounded_rows(cursor: duckdb.DuckDBPyConnection) -> list[tuple[Any, ...]]:
     rows: list[tuple[Any, ...]] = []
     size = 0
     while chunk := cursor.fetchmany(2048):
-        size += sum(len(v) if isinstance(v, str | bytes) else 8 for row in chunk for v in row)
+        size += sum(_size(v) for row in chunk for v in row)
         if size > MAX_CATALOG_BYTES:
             raise ProgramLimitExceeded(
                 f"the catalog query's answer is larger than {MAX_CATALOG_BYTES // 2 ** 20} MB",
                 hint="select fewer rows or columns")
         rows.extend(chunk)
     return rows
+
+
+def _size(value: object) -> int:
+    """About the bytes a value holds, its items counted too (array_agg of long texts)."""
+    if isinstance(value, str | bytes):
+        return len(value)
+    if isinstance(value, list | tuple):
+        return 8 + sum(_size(v) for v in value)
+    if isinstance(value, dict):
+        return 8 + sum(_size(k) + _size(v) for k, v in value.items())
+    return 8
 
 
 def _uncast(node: exp.Expression) -> exp.Expression:

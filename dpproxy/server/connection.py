@@ -254,6 +254,7 @@ class ClientConnection:
         self._statements: dict[str, PreparedStatement] = {}
         self._portals: dict[str, Portal] = {}
         self._job: Job | None = None
+        self._future: asyncio.Future[Any] | None = None  # the running job's outcome
         self._orphan: asyncio.Future[Any] | None = None
         self._idle = False
         self.stopping = False
@@ -380,9 +381,18 @@ class ClientConnection:
         run on after a timeout or a departed client, holding a statement thread."""
         if not job.try_cancel(reason):
             return False
-        if self._catalog is not None:
-            self._catalog.interrupt()
+        if self._catalog is not None and self._future is not None:
+            self._keep_interrupting(self._catalog, self._future)
         return True
+
+    def _keep_interrupting(self, catalog: Any, future: asyncio.Future[Any]) -> None:
+        """Interrupt the catalog until the stopped statement is done: an interrupt reaches
+        only a query DuckDB is running, and one stopped just before it starts would run
+        whole (the catalog checks the job first, this closes the moment in between)."""
+        if future.done():
+            return
+        catalog.interrupt()
+        self._loop.call_later(0.05, self._keep_interrupting, catalog, future)
 
     def shutdown(self) -> None:
         """Server shutdown: stop now if idle, after the running statement otherwise;
@@ -552,11 +562,11 @@ class ClientConnection:
         job = Job()
         future = self.server.executor.submit(self._loop, job.run, fn, *args)
         future.add_done_callback(_retrieve)
-        self._job = job
+        self._job, self._future = job, future
         try:
             return await self._await_job(job, future)
         finally:
-            self._job = None
+            self._job = self._future = None
 
     async def _await_job(self, job: Job, future: asyncio.Future[T]) -> T:
         timeout = self.server.settings.statement_timeout_s or None
@@ -1023,6 +1033,7 @@ class ClientConnection:
             portal = self._portal(message.name)
             if portal.result is None and self._next_is_execute(portal.name) \
                     and portal.statement.sql:
+                await self._check_result_formats(portal)
                 await self._run_portal(portal)
             if portal.result is not None:
                 shape = Description(portal.result.columns, portal.result.types)
@@ -1056,6 +1067,14 @@ class ClientConnection:
         return await self._call(self._describe_statement, statement.sql, statement.param_oids,
                                 params)
 
+    async def _check_result_formats(self, portal: Portal) -> None:
+        """One format per column, checked before the query runs (and is charged), as
+        PostgreSQL checks it at Bind: against the shape analysis gives for free."""
+        if len(portal.result_formats) > 1:
+            shape = portal.statement.description \
+                or await self._shape(portal.statement, portal.params)
+            _formats(portal.result_formats, len(shape.columns))
+
     async def _run_portal(self, portal: Portal) -> None:
         portal.result = await self._run(portal.statement.sql, portal.statement.words,
                                         portal.params or None)
@@ -1077,12 +1096,7 @@ class ClientConnection:
             self._send(EmptyQueryResponse())
             return
         if portal.result is None:
-            if len(portal.result_formats) > 1:
-                # one format per column: checked before the query runs (and is charged), as
-                # PostgreSQL checks it at Bind, from the shape analysis gives for free
-                shape = portal.statement.description \
-                    or await self._shape(portal.statement, portal.params)
-                _formats(portal.result_formats, len(shape.columns))
+            await self._check_result_formats(portal)
             await self._run_portal(portal)
         result = portal.result
         assert result is not None

@@ -121,8 +121,10 @@ class Statement:
 
 # The longest text and the most tokens a statement may have: parsing grows with them
 # (10,000 chained conditions took 2 s and 250 MB, a 15 MB text 14 GB), while what an analyst
-# or a BI tool writes is a few thousand tokens. Refused before any parse.
-MAX_TEXT = 1_000_000
+# or a BI tool writes is a few thousand tokens. Refused before any parse; the text's length
+# before it is tokenized too (on the server's event loop: 800,000 tokens held every client
+# for 3 s).
+MAX_TEXT = 200_000
 MAX_TOKENS = 25_000
 
 

@@ -377,7 +377,7 @@ def test_parameters_are_a_sequence_or_a_mapping(params: Any) -> None:
 
 @pytest.mark.parametrize(("sql", "words"), [
     ("SELECT COUNT(*) FROM adult WHERE age > 30 " + "AND age > 1 " * 6500, "tokens"),
-    ("SELECT COUNT(*) FROM adult WHERE sex = '" + "x" * 1_000_001 + "'", "characters"),
+    ("SELECT COUNT(*) FROM adult WHERE sex = '" + "x" * 200_001 + "'", "characters"),
 ])
 def test_a_statement_too_long_to_parse_is_refused_before_parsing(sql: str, words: str
                                                                   ) -> None:

@@ -121,7 +121,6 @@ def test_malformed_startup_packets(data: bytes) -> None:
     b"S\x00\x00\x00\x05x",  # Sync with a body
     b"Q\x00\x00\x00\x08abcd",  # unterminated string
     b"E\x00\x00\x00\x06\x00\x00",  # Execute without its row count
-    encode(codec.Bind("", "", (), (), ()))[:-2] + b"\x00\x01\x00\x07",  # format code 7
     b"B\x00\x00\x00\x0a\x00\x00\xff\xff\x00\x00",  # negative parameter-format count
     b"D\x00\x00\x00\x06X\x00",  # Describe of neither S nor P
 ])

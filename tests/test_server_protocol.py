@@ -806,3 +806,22 @@ def test_result_formats_are_checked_before_a_described_portal_runs(raw: Raw) -> 
     messages = client.until(codec.ReadyForQuery)
     assert errors_in(messages) == ["08P01"] and not rows_in(messages)
     assert served.spent() == 0
+
+
+@pytest.mark.parametrize(("param_formats", "result_formats"), [((), (7,)), ((), (-1,)),
+                                                               ((3,), ())])
+def test_an_unknown_format_code_is_an_error_that_keeps_the_connection(
+        raw: Raw, param_formats: tuple[int, ...], result_formats: tuple[int, ...]) -> None:
+    """A Bind with format code 7 closed the connection (FATAL 08P01); PostgreSQL answers
+    an ERROR (22023) and the session goes on."""
+    served, connect = raw
+    client = connect()
+    params = (b"30",) if param_formats else ()
+    sql = "SELECT COUNT(*) FROM adult WHERE age > $1" if params else "SELECT COUNT(*) FROM adult"
+    client.send(codec.Parse("", sql, (23,) if params else ()),
+                codec.Bind("", "", param_formats, params, result_formats),
+                codec.Execute("", 0), codec.Sync())
+    messages = client.until(codec.ReadyForQuery)
+    assert errors_in(messages) == ["22023"] and not rows_in(messages)
+    assert served.spent() == 0
+    assert rows_in(client.query("SELECT 1 AS one")) == [(b"1",)]

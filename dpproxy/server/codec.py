@@ -365,9 +365,8 @@ class Bind(Message):
                 raise ProtocolViolation("invalid Bind message: negative parameter length")
             params.append(None if n == -1 else reader._take(n))
         results = tuple(reader.int16() for _ in range(reader.count("result format")))
-        for f in (*formats, *results):
-            if f not in (TEXT, BINARY):
-                raise ProtocolViolation(f"unsupported format code: {f}")
+        # (a format code other than text and binary is a well-formed Bind: the connection
+        # refuses it as an ordinary error, as PostgreSQL does)
         return cls(portal, statement, formats, tuple(params), results)
 
 

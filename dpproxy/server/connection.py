@@ -990,6 +990,9 @@ class ClientConnection:
         return portal
 
     def _bind(self, message: Bind) -> None:
+        for code in (*message.param_formats, *message.result_formats):
+            if code not in (codec.TEXT, codec.BINARY):
+                raise ServerError("22023", f"unsupported format code: {code}")
         statement = self._statement(message.statement)
         if message.portal and message.portal in self._portals:
             raise ServerError("42P03", f"portal \"{message.portal}\" already exists")

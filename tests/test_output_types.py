@@ -129,6 +129,11 @@ def test_a_quoted_name_names_one_column_exactly(engine: Engine) -> None:
     """"Age" is not age in PostgreSQL (quoted names keep their case); it was answered as
     age. Unquoted AGE still folds to age."""
     assert_refused(engine, 'SELECT COUNT(*) FROM adult WHERE "Age" > 40', "42703", "'Age'")
+    # tables and joined columns alike ("Adult" was adult, g."Occupation" occupation)
+    assert_refused(engine, 'SELECT COUNT(*) FROM "Adult"', "42P01", '"Adult"')
+    assert_refused(engine, 'SELECT g.collar, COUNT(*) FROM adult a JOIN occupation_groups g '
+                           'ON a.occupation = g."Occupation" GROUP BY g.collar', "42703",
+                   "Occupation")
     session = engine.session("alice", epsilon=1.0)
     assert len(session.execute('SELECT COUNT(*) FROM adult WHERE "age" > AGE - 1').rows) == 1
 

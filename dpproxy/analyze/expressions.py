@@ -273,7 +273,7 @@ def make_resolver(table_name: str, alias: str | None, columns: Mapping[str, Colu
                 f"missing FROM-clause entry for table {node.table!r}",
                 hint=f"columns of {table_name} can be written as {table_name}.column")
         policy = columns.get(node.name)
-        if policy is None and not _quoted(node):  # "Age" names Age alone, as in PostgreSQL
+        if policy is None and not quoted(node):  # "Age" names Age alone, as in PostgreSQL
             policy = next((c for name, c in columns.items()
                            if name.lower() == node.name.lower()), None)
         if policy is None:
@@ -290,8 +290,10 @@ def make_resolver(table_name: str, alias: str | None, columns: Mapping[str, Colu
     return resolve
 
 
-def _quoted(node: exp.Column) -> bool:
-    identifier = node.this
+def quoted(node: exp.Expression) -> bool:
+    """Whether a column's, table's or bare identifier's name was quoted: then it names
+    exactly, as in PostgreSQL, where an unquoted one is folded."""
+    identifier = node if isinstance(node, exp.Identifier) else node.this
     return isinstance(identifier, exp.Identifier) and bool(identifier.quoted)
 
 

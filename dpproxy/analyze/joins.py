@@ -40,6 +40,7 @@ from ..errors import (
 )
 from ..policy import AnalystPolicy, ColumnPolicy, Policy, TablePolicy
 from ..postprocess import output_name
+from .expressions import quoted
 from .ldp import raw_read_error
 from .tables import named_table
 
@@ -76,10 +77,12 @@ class _Source:
         """The name PostgreSQL exposes: the alias, else the table name."""
         return self.alias or self.table.name
 
-    def column(self, name: str) -> ColumnPolicy | None:
+    def column(self, name: str, exactly: bool = False) -> ColumnPolicy | None:
+        """The column `name` names: exactly where it was quoted, else in any case."""
         columns = self.table.columns
-        return columns.get(name) or next(
-            (c for n, c in columns.items() if n.lower() == name.lower()), None)
+        if name in columns or exactly:
+            return columns.get(name)
+        return next((c for n, c in columns.items() if n.lower() == name.lower()), None)
 
     def name_of(self, column: ColumnPolicy) -> str:
         return column.name if self.prefix is None else f"{self.prefix}.{column.name}"
@@ -233,7 +236,7 @@ def _lookup(node: exp.Column, sources: list[_Source],
         if len(matches) > 1:
             raise AmbiguousColumn(f"table reference {node.table!r} is ambiguous",
                                   hint="use the aliases of the joined tables")
-        column = matches[0].column(node.name)
+        column = matches[0].column(node.name, quoted(node))
         if column is None:
             table = matches[0].table
             raise UndefinedColumn(f"column {node.table}.{node.name} does not exist",
@@ -241,7 +244,7 @@ def _lookup(node: exp.Column, sources: list[_Source],
         return matches[0], column
     if node.name.lower() in using:
         return using[node.name.lower()]
-    found = [(s, c) for s in sources if (c := s.column(node.name)) is not None]
+    found = [(s, c) for s in sources if (c := s.column(node.name, quoted(node))) is not None]
     if len(found) > 1:
         raise AmbiguousColumn(
             f'column reference "{node.name}" is ambiguous',
@@ -257,8 +260,8 @@ def _join_keys(node: exp.Join, source: _Source, earlier: list[_Source],
     if node.args.get("using"):
         for ident in node.args["using"]:
             name = ident.name
-            right = source.column(name)
-            lefts = [(s, c) for s in earlier if (c := s.column(name)) is not None]
+            right = source.column(name, quoted(ident))
+            lefts = [(s, c) for s in earlier if (c := s.column(name, quoted(ident))) is not None]
             if name.lower() in using:
                 lefts = [using[name.lower()]]
             if right is None or not lefts:

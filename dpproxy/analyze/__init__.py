@@ -74,10 +74,12 @@ from .buckets import fold_width_buckets
 from .expressions import (
     ExprType,
     Resolver,
+    by_name,
     check_arguments,
     coerce_literals,
     date_bounds,
     make_resolver,
+    quoted,
     type_row_expression,
     written_sql,
 )
@@ -669,12 +671,8 @@ def _dereference(item: exp.Expression, select_items: Sequence[exp.Expression],
 
 
 def _names_column(item: exp.Column, table: TablePolicy) -> bool:
-    """Whether `item` names a column of `table`, as the resolver reads names: a quoted one
-    exactly, an unquoted one in any case."""
-    identifier = item.this
-    if isinstance(identifier, exp.Identifier) and identifier.quoted:
-        return item.name in table.columns
-    return item.name.lower() in {c.lower() for c in table.columns}
+    """Whether `item` names a column of `table`, as the resolver reads names."""
+    return by_name(table.columns, item.name, quoted(item)) is not None
 
 
 # 5 -------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, TypeVar
 
 from sqlglot import exp
 
@@ -272,10 +272,7 @@ def make_resolver(table_name: str, alias: str | None, columns: Mapping[str, Colu
             raise UndefinedColumn(
                 f"missing FROM-clause entry for table {node.table!r}",
                 hint=f"columns of {table_name} can be written as {table_name}.column")
-        policy = columns.get(node.name)
-        if policy is None and not quoted(node):  # "Age" names Age alone, as in PostgreSQL
-            policy = next((c for name, c in columns.items()
-                           if name.lower() == node.name.lower()), None)
+        policy = by_name(columns, node.name, quoted(node))
         if policy is None:
             raise UndefinedColumn(
                 f"column {node.name!r} does not exist in table {table_name}",
@@ -288,6 +285,18 @@ def make_resolver(table_name: str, alias: str | None, columns: Mapping[str, Colu
         return policy
 
     return resolve
+
+
+_V = TypeVar("_V")
+
+
+def by_name(named: Mapping[str, _V], name: str, exactly: bool) -> _V | None:
+    """What `name` names in `named`: exactly where it was quoted ("Age" names Age alone,
+    as in PostgreSQL), else itself or the one name equal to it in any case."""
+    found = named.get(name)
+    if found is not None or exactly:
+        return found
+    return next((v for k, v in named.items() if k.lower() == name.lower()), None)
 
 
 def quoted(node: exp.Expression) -> bool:

@@ -40,7 +40,7 @@ from ..errors import (
 )
 from ..policy import AnalystPolicy, ColumnPolicy, Policy, TablePolicy
 from ..postprocess import output_name
-from .expressions import quoted
+from .expressions import by_name, quoted
 from .ldp import raw_read_error
 from .tables import named_table
 
@@ -79,10 +79,7 @@ class _Source:
 
     def column(self, name: str, exactly: bool = False) -> ColumnPolicy | None:
         """The column `name` names: exactly where it was quoted, else in any case."""
-        columns = self.table.columns
-        if name in columns or exactly:
-            return columns.get(name)
-        return next((c for n, c in columns.items() if n.lower() == name.lower()), None)
+        return by_name(self.table.columns, name, exactly)
 
     def name_of(self, column: ColumnPolicy) -> str:
         return column.name if self.prefix is None else f"{self.prefix}.{column.name}"

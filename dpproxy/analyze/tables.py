@@ -6,7 +6,7 @@ from sqlglot import exp
 
 from ..errors import NotSupportedError, PrivacyViolation, UndefinedTable
 from ..policy import AnalystPolicy, Policy, TablePolicy
-from .expressions import quoted
+from .expressions import by_name, quoted
 
 
 def private_table(source: exp.Table, policy: Policy, analyst: AnalystPolicy,
@@ -43,8 +43,4 @@ def named_table(source: exp.Table, policy: Policy) -> TablePolicy | None:
     if source.catalog or (source.db and source.db.lower() != "public"):
         raise UndefinedTable(f"relation {source.sql('postgres')} does not exist",
                              hint="tables live in schema public")
-    exact = policy.tables.get(source.name)
-    if exact is not None or quoted(source):  # "Adult" names Adult alone
-        return exact
-    return next((t for t in policy.tables.values() if t.name.lower() == source.name.lower()),
-                None)
+    return by_name(policy.tables, source.name, quoted(source))

@@ -552,23 +552,17 @@ def _to_text(value: Value, to: exp.DataType) -> str:
     return text[:length]
 
 
-_TRUE_TEXTS = ("t", "true", "y", "yes", "on", "1")
-_FALSE_TEXTS = ("f", "false", "n", "no", "of", "off", "0")
-
-
 def _to_bool(value: Value) -> Value:
-    """A truth value as PostgreSQL reads one: a number is true unless 0, a text as its
-    boolean input ('false', 'no', 'off', 'f', ...); other text is NULL (PostgreSQL: 22P02,
-    which a released key must not raise after the charge)."""
+    """A truth value as PostgreSQL reads one: a number is true unless 0; a text as its
+    boolean input, any unambiguous prefix of true, yes, on, 1 or false, no, off, 0 ('o'
+    is both); other text is NULL (PostgreSQL: 22P02, which a released key must not raise
+    after the charge)."""
     if not isinstance(value, str):
         return bool(value)
     text = value.strip().lower()
-    if text in _TRUE_TEXTS or (len(text) > 1 and "true".startswith(text)) \
-            or (len(text) > 1 and "yes".startswith(text)):
-        return True
-    if text in _FALSE_TEXTS or (len(text) > 1 and "false".startswith(text)) \
-            or (len(text) > 1 and "no".startswith(text)):
-        return False
+    for truth, words in ((True, ("true", "yes", "on", "1")), (False, ("false", "no", "off", "0"))):
+        if text and text != "o" and any(word.startswith(text) for word in words):
+            return truth
     return None
 
 

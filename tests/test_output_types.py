@@ -79,6 +79,19 @@ def test_well_typed_post_processing_is_released(engine: Engine) -> None:
     assert len(dated.rows) == 1
 
 
+def test_a_median_is_double_precision_as_postgresql_types_it(engine: Engine) -> None:
+    """PostgreSQL's percentile_cont is double precision, so `MEDIAN(age) / 2` divides
+    without truncating (it was an integer division: 37 / 2 gave 18); MIN and MAX keep the
+    column's type."""
+    result = engine.session("alice", epsilon=1.0).execute(
+        "SELECT MEDIAN(age) AS m, MEDIAN(age) / 2 AS half, "
+        "PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY age) AS p, MIN(age) AS lo FROM adult")
+    assert result.types == ("float8", "float8", "float8", "int8")
+    (median, half, p, lo), = result.rows
+    assert isinstance(median, float) and isinstance(p, float) and isinstance(lo, int)
+    assert half == median / 2
+
+
 @pytest.mark.parametrize(("sql", "expected"), [
     ("COUNT(*) * 2", "int8"), ("COUNT(*) / 2.0", "float8"), ("COUNT(*) * '2'", "int8"),
     ("COUNT(*) * '2.5'", "float8"), ("AVG(x) + COUNT(*)", "float8"), ("-COUNT(*)", "int8"),

@@ -239,10 +239,13 @@ def _no_interval(values: Values, half: Values, stats: Stats) -> Interval:
 
 
 @functools.lru_cache(maxsize=256)  # p is the analyst's: keep only recent ones
-def quantile_rule(quantile: Fraction) -> AggregateRule:
+def quantile_rule(quantile: Fraction, continuous: bool = True) -> AggregateRule:
     """MEDIAN, PERCENTILE_CONT(p), MIN (p = 0), MAX (p = 1): the exponential mechanism over
     a histogram of the clamped argument (`dpproxy.quantiles`). MIN and MAX are the DP
-    estimates of quantiles 0 and 1 of the clamped values, not the true extremes."""
+    estimates of quantiles 0 and 1 of the clamped values, not the true extremes.
+    `continuous` (MEDIAN, PERCENTILE_CONT): double precision, as PostgreSQL's
+    percentile_cont, so that `MEDIAN(age) / 2` divides as it does there; else (MIN, MAX)
+    whole numbers where each bin is one integer, as the column's own type."""
     def statistics(arg: exp.Expression | None, t: ExprType | None) -> list[Statistic]:
         assert arg is not None and t is not None
         return [Statistic("quantile", arg, t.lower, t.upper, 0.0, t.integer,
@@ -252,7 +255,7 @@ def quantile_rule(quantile: Fraction) -> AggregateRule:
         f"quantile {quantile}", statistics, _single, _no_interval,
         lambda stats: (stats[0].lower, stats[0].upper),
         # whole numbers when each bin is one integer (see quantiles.binning_for)
-        lambda stats: _quantile_integer(stats[0]), exponential=True)
+        lambda stats: not continuous and _quantile_integer(stats[0]), exponential=True)
 
 
 @functools.lru_cache(maxsize=256)  # labels are a policy's public values: few distinct
@@ -410,8 +413,8 @@ RULES: dict[str, AggregateRule] = {
     "count_distinct": AggregateRule("count_distinct", _distinct_statistics, _single,
                                     _single_interval, _nonnegative, lambda stats: True),
     "median": quantile_rule(Fraction(1, 2)),
-    "min": quantile_rule(Fraction(0)),
-    "max": quantile_rule(Fraction(1)),
+    "min": quantile_rule(Fraction(0), continuous=False),
+    "max": quantile_rule(Fraction(1), continuous=False),
     "var_pop": _variance_rule("var_pop", sample=False, root=False),
     "var_samp": _variance_rule("var_samp", sample=True, root=False),
     "stddev_pop": _variance_rule("stddev_pop", sample=False, root=True),

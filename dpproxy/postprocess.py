@@ -369,11 +369,11 @@ def _to_digits(mode: str) -> Callable[[exp.Expression, Env], Value]:
             written = number.as_tuple()
             assert isinstance(written.exponent, int)  # finite
             if written.exponent >= exponent:  # no digit there to drop: the value as it is
-                return value
+                return float(value)
             # at most the value's own digits and a carry (9.99 → 10.0): within precision
             context = Context(prec=len(written.digits) + 2)
             done = number.quantize(Decimal(1).scaleb(exponent), rounding=mode, context=context)
-            return int(done) if isinstance(value, int) else float(done)
+            return float(done)
         except (ArithmeticError, ValueError):  # digits beyond any exponent (-10^9)
             return None
     return handler
@@ -580,8 +580,8 @@ _HANDLERS: dict[type[exp.Expression], Callable[[Any, Env], Value]] = {
     exp.Round: _to_digits(ROUND_HALF_UP),
     exp.Trunc: _to_digits(ROUND_DOWN),
     exp.Abs: _unary(abs),
-    exp.Floor: _unary(lambda v: math.floor(v) if isinstance(v, int) else float(math.floor(v))),
-    exp.Ceil: _unary(lambda v: math.ceil(v) if isinstance(v, int) else float(math.ceil(v))),
+    exp.Floor: _unary(lambda v: float(math.floor(v))),  # double precision: `infer_type`
+    exp.Ceil: _unary(lambda v: float(math.ceil(v))),
     exp.Sqrt: _unary(math.sqrt),
     exp.Pow: _power,
     exp.EQ: _compare(lambda a, b: a == b),
@@ -720,9 +720,10 @@ def _typed(node: exp.Expression, aggregate_types: Mapping[str, str],
                                            "does not exist")
         if inner == _UNKNOWN:
             return _UNKNOWN
-        if isinstance(node, exp.Sqrt) or digits is not None:
-            return "float8"
-        return inner
+        # PostgreSQL has no round, trunc, floor or ceil of bigint: it rounds in double
+        # precision (numeric with digits), so ROUND(COUNT(*)) / 2 does not truncate
+        return inner if isinstance(node, exp.Neg | exp.Abs) else "float8"
+
     if isinstance(node, exp.Case):
         subject = node.this
         for branch in node.args.get("ifs", []):

@@ -79,10 +79,11 @@ def test_well_typed_post_processing_is_released(engine: Engine) -> None:
     assert len(dated.rows) == 1
 
 
-def test_a_median_is_double_precision_as_postgresql_types_it(engine: Engine) -> None:
+def test_medians_and_roundings_are_double_precision_as_in_postgresql(engine: Engine) -> None:
     """PostgreSQL's percentile_cont is double precision, so `MEDIAN(age) / 2` divides
     without truncating (it was an integer division: 37 / 2 gave 18); MIN and MAX keep the
-    column's type."""
+    column's type. ROUND of a count is double precision too (half of an odd count was
+    truncated)."""
     result = engine.session("alice", epsilon=1.0).execute(
         "SELECT MEDIAN(age) AS m, MEDIAN(age) / 2 AS half, "
         "PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY age) AS p, MIN(age) AS lo FROM adult")
@@ -90,6 +91,11 @@ def test_a_median_is_double_precision_as_postgresql_types_it(engine: Engine) -> 
     (median, half, p, lo), = result.rows
     assert isinstance(median, float) and isinstance(p, float) and isinstance(lo, int)
     assert half == median / 2
+    rounded = engine.session("alice", epsilon=1.0).execute(
+        "SELECT COUNT(*) AS n, ROUND(COUNT(*)) / 2 AS half FROM adult")
+    assert rounded.types == ("int8", "float8")
+    (n, half), = rounded.rows
+    assert half == n / 2
 
 
 @pytest.mark.parametrize(("sql", "expected"), [
@@ -102,6 +108,9 @@ def test_a_median_is_double_precision_as_postgresql_types_it(engine: Engine) -> 
     ("CASE WHEN COUNT(*) > 1 THEN sex ELSE 'none' END", "text"),
     ("CAST(COUNT(*) AS TEXT)", "text"), ("CAST(AVG(x) AS INT)", "int8"),
     ("NULL + COUNT(*)", "int8"), ("day", "date"), ("day = '2024-01-05'", "bool"),
+    # PostgreSQL rounds a bigint in double precision: ROUND(COUNT(*)) / 2 does not truncate
+    ("ROUND(COUNT(*))", "float8"), ("FLOOR(COUNT(*)) / 2", "float8"),
+    ("TRUNC(COUNT(*), -1)", "float8"), ("ABS(COUNT(*))", "int8"),
 ])
 def test_types_as_row_descriptions_read_them(sql: str, expected: str) -> None:
     node = sqlglot.parse_one(sql, read="postgres")

@@ -81,7 +81,7 @@ def test_is_not_null(sql: str, expected: bool) -> None:
     ("7 % 3", 1), ("-7 % 3", -1), ("7 % -3", 1), ("7.5 % 2", 1.5),
     ("2 + 3 * 4", 14), ("(2 + 3) * 4", 20), ("2 - 3 - 4", -5), ("-5", -5), ("1e3", 1000.0),
     ("ABS(SUM(x))", 7), ("ABS(-2.5)", 2.5), ("FLOOR(-2.5)", -3.0), ("CEIL(-2.5)", -2.0),
-    ("FLOOR(3)", 3), ("SQRT(16)", 4.0), ("POWER(2, 10)", 1024.0), ("n * 2", 6),
+    ("FLOOR(3)", 3.0), ("SQRT(16)", 4.0), ("POWER(2, 10)", 1024.0), ("n * 2", 6),
 ])
 def test_arithmetic_follows_postgresql(sql: str, expected: Any) -> None:
     assert same(ev(sql), expected), ev(sql)
@@ -103,7 +103,7 @@ def test_undefined_arithmetic_gives_null_not_an_error(sql: str) -> None:
     ("ROUND(2.5)", 3.0), ("ROUND(-2.5)", -3.0), ("ROUND(0.5)", 1.0), ("ROUND(1.5)", 2.0),
     ("ROUND(-0.5)", -1.0), ("ROUND(2.4)", 2.0), ("ROUND(2.675, 2)", 2.68),
     ("ROUND(-0.125, 2)", -0.13), ("ROUND(1.23456, 3)", 1.235), ("ROUND(1234.5, -2)", 1200.0),
-    ("ROUND(1250, -2)", 1300), ("ROUND(-1250, -2)", -1300), ("ROUND(7)", 7),
+    ("ROUND(1250, -2)", 1300.0), ("ROUND(-1250, -2)", -1300.0), ("ROUND(7)", 7.0),
     ("ROUND(AVG(x))", 3.0), ("ROUND(-AVG(x))", -3.0),
 ])
 def test_round_halves_away_from_zero(sql: str, expected: Any) -> None:
@@ -112,8 +112,8 @@ def test_round_halves_away_from_zero(sql: str, expected: Any) -> None:
 
 @pytest.mark.parametrize(("sql", "expected"), [
     ("TRUNC(2.789)", 2.0), ("TRUNC(-2.789)", -2.0), ("TRUNC(2.789, 1)", 2.7),
-    ("TRUNC(-2.789, 2)", -2.78), ("TRUNC(0.29, 2)", 0.29), ("TRUNC(1299, -2)", 1200),
-    ("TRUNC(-1299, -2)", -1200), ("TRUNC(7)", 7), ("TRUNC(AVG(x))", 2.0),
+    ("TRUNC(-2.789, 2)", -2.78), ("TRUNC(0.29, 2)", 0.29), ("TRUNC(1299, -2)", 1200.0),
+    ("TRUNC(-1299, -2)", -1200.0), ("TRUNC(7)", 7.0), ("TRUNC(AVG(x))", 2.0),
     ("TRUNC(NULL)", None), ("TRUNC(2.5, NULL)", None),
 ])
 def test_trunc_goes_toward_zero(sql: str, expected: Any) -> None:

@@ -102,6 +102,9 @@ class Statement:
     ast: exp.Expression | None = None  # select and explain: the (bound) query
     name: str | None = None  # set/reset/show: the setting's name, lower case
     value: Any = None  # set: the literal value
+    # set: a value written as a placeholder (`SET dpproxy.epsilon = %s`), which
+    # `parse_statements` binds into `value`, as a DB-API driver binding on the client does
+    value_template: exp.Expression | None = None
     tag: str = ""  # command tag for the wire: SET, BEGIN, COMMIT...
     # select and explain: the tree before binding (shared: never modify it) and the
     # parameters bound into `ast`; the same template and parameters give the same `ast`.
@@ -248,6 +251,10 @@ def parse_statements(sql: str, params: Parameters = None, *, bind: bool = True
     clock = now() if any(clocked) else None
     out: list[Statement] = []
     for s, reads in zip(unbound, clocked, strict=True):
+        if s.value_template is not None:
+            bound_value = bind_parameters(s.value_template, params, copy=True)
+            out.append(replace(s, value=_literal_value(bound_value), value_template=None))
+            continue
         if s.ast is None:
             out.append(s)
             continue
@@ -302,8 +309,10 @@ def _parse_unbound(sql: str, params: Parameters) -> tuple[Statement, ...]:
             if exc.position is not None:
                 exc.position += offset  # relative to the whole string, as PostgreSQL does
             raise
-        if statement.ast is not None:  # a binding error comes before a later syntax error
-            bind_parameters(statement.ast, params, copy=True)
+        # a binding error comes before a later syntax error
+        for tree in (statement.ast, statement.value_template):
+            if tree is not None:
+                bind_parameters(tree, params, copy=True)
         statements.append(statement)
     return tuple(statements)
 
@@ -435,6 +444,8 @@ def _set_statement(text: str) -> Statement:
     target, value = eq.this, eq.expression
     name = target.sql(DIALECT).lower().replace('"', "") if isinstance(target, exp.Column | exp.Var
                                                                       | exp.Identifier) else None
+    if name is not None and value.find(exp.Placeholder, exp.Parameter) is not None:
+        return Statement("set", text, name=name, tag="SET", value_template=value)
     return Statement("set", text, name=name, value=_literal_value(value), tag="SET")
 
 

@@ -426,6 +426,21 @@ def test_set_option_in_sql(conn: dpproxy.Connection) -> None:
     assert float(epsilon) == 0.1
 
 
+
+def test_set_option_from_a_parameter(conn: dpproxy.Connection) -> None:
+    """`SET dpproxy.epsilon = %s` binds its value, as a client-side driver would (the
+    placeholder's text was read as the value: 22023 for '%s')."""
+    conn.execute("SET dpproxy.epsilon = %s", [0.5])
+    conn.execute("SET dpproxy.mechanism = %(m)s", {"m": "gaussian"})
+    assert conn.execute("SHOW dpproxy.epsilon").fetchone() == ("0.5",)
+    assert conn.execute("SHOW dpproxy.mechanism").fetchone() == ("gaussian",)
+    with pytest.raises(dpproxy.ProgrammingError, match="no parameters were given"):
+        conn.execute("SET dpproxy.epsilon = %s")
+    with pytest.raises(dpproxy.DataError) as info:
+        conn.execute("SET dpproxy.epsilon = %s", ["lots"])
+    assert info.value.sqlstate == "22023"
+    assert conn.execute("SHOW dpproxy.epsilon").fetchone() == ("0.5",)
+
 @pytest.mark.parametrize("options", [
     {"epsilon": -1}, {"epsilon": 0}, {"epsilon": "lots"}, {"epsilon": float("nan")},
     {"epsilon": 1e308},

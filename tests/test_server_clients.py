@@ -135,6 +135,15 @@ def test_psycopg_parameters_written_without_spaces(serve: ServeFactory) -> None:
     assert served.spent() == pytest.approx(0.1)
 
 
+
+def test_psycopg_sets_an_option_from_a_parameter(serve: ServeFactory) -> None:
+    """psycopg sends `SET dpproxy.epsilon = %s` as `= $1` with the value bound: applied."""
+    import psycopg
+
+    with psycopg.connect(serve().dsn(), autocommit=True) as conn:
+        conn.execute("SET dpproxy.epsilon = %s", [0.25])
+        assert conn.execute("SHOW dpproxy.epsilon").fetchone() == ("0.25",)
+
 def test_psycopg_autocommit_transaction_status(serve: ServeFactory) -> None:
     import psycopg
     from psycopg.pq import TransactionStatus

@@ -28,7 +28,14 @@ the very data it was read from:
   unchanged too (ALTER TABLE, a rename, an enum label: changes that make no row
   version), so the table's catalog rows are compared as well, and only plain tables
   without children or row security are carried. Only a check that held is carried: a
-  count's excess rows would change with a deletion.
+  count's excess rows would change with a deletion. PostgreSQL reads a statement's
+  table names and columns from the latest catalog once it holds the table's lock, not
+  from the snapshot, so each such transaction locks the table (ACCESS SHARE) before its
+  snapshot is taken: a rename or a column's new type either committed before the
+  snapshot, which shows it, or waits until the query is done. A child attached meanwhile
+  (ATTACH PARTITION, INHERIT: locks that do not wait for readers) is read by neither the
+  check nor the unbounded statement: both read `ONLY` the table, and bounds are verified
+  only on a plain table without children.
 
 A statement grouping by public keys filters its rows by the public lists before it
 aggregates. Where the bounds hold and the check also saw few distinct groups in the whole
@@ -208,6 +215,15 @@ class Unbounded:
         return tuple(bounded[len(bounded) - self.slots:]) if self.slots else ()
 
 
+def read_table(name: str, dialect: str) -> exp.Table:
+    """The table as the check and the unbounded statements read it: on PostgreSQL
+    `ONLY` the table, so that a child attached meanwhile (ATTACH PARTITION, INHERIT: locks
+    that do not wait for readers) is read by neither; the backend verifies bounds only on
+    a table without children (`PostgresBackend._observed`)."""
+    return exp.Table(this=exp.to_identifier(name, quoted=True),
+                     only=dialect == "postgres" or None)
+
+
 def bound_check(table: str, unit: exp.Expression, keys: Sequence[exp.Expression],
                 dialect: str, max_rows: int, max_groups: int, counts_groups: bool = False
                 ) -> BoundCheck:
@@ -231,7 +247,7 @@ def bound_check(table: str, unit: exp.Expression, keys: Sequence[exp.Expression]
         items = [exp.alias_(unit.copy(), UNIT),
                  *(exp.alias_(k.copy(), n) for k, n in zip(keys, key_names, strict=True))]
         rows: exp.Query = exp.select(*items, copy=False).from_(
-            exp.Table(this=exp.to_identifier(table, quoted=True)), copy=False)
+            read_table(table, dialect), copy=False)
         if wheres:
             rows = functools.reduce(
                 lambda a, b: exp.union(a, b, distinct=False, copy=False),
@@ -260,7 +276,7 @@ def bound_check(table: str, unit: exp.Expression, keys: Sequence[exp.Expression]
                 exp.GT(this=exp.column(UNIT_GROUPS),
                        expression=exp.Literal.number(max_groups))), copy=False)
     table_rows = exp.select(exp.Count(this=exp.Star()), copy=False).from_(
-        exp.Table(this=exp.to_identifier(table, quoted=True)), copy=False)
+        read_table(table, dialect), copy=False)
     check = maxima(units.copy())
     if not keys:  # one group per unit: its most rows in a group are its rows
         over = exp.func("GREATEST", exp.Sub(this=exp.column(PAIR_ROWS),
@@ -272,7 +288,7 @@ def bound_check(table: str, unit: exp.Expression, keys: Sequence[exp.Expression]
         assert keys, "only a GROUP BY has groups to count"
         key_rows = exp.select(*(exp.alias_(k.copy(), n) for k, n in
                                 zip(keys, key_names, strict=True)), copy=False).from_(
-            exp.Table(this=exp.to_identifier(table, quoted=True)), copy=False)
+            read_table(table, dialect), copy=False)
         # LIMIT: a table with many groups is not counted to the end
         groups = exp.select(exp.Literal.number(1), copy=False).from_(
             key_rows.subquery("key_rows", copy=False), copy=False).group_by(
@@ -307,7 +323,7 @@ def _young_units_check(table: str, unit: exp.Expression,
         copy=False)
     check = maxima(units_of(rows_of_listed, rows_of_null))
     young_rows = exp.select(exp.alias_(unit.copy(), UNIT), copy=False).from_(
-        exp.Table(this=exp.to_identifier(table, quoted=True)), copy=False).where(
+        read_table(table, "postgres"), copy=False).where(
         exp.condition(_YOUNG, dialect="postgres"), copy=False)
     return check.with_(YOUNG_UNITS, as_=young_rows, materialized=True,
                        copy=False).sql(dialect="postgres")

@@ -53,7 +53,7 @@ from .analyze import Analysis, GroupKey, to_char
 from .analyze.aggregates import Statistic
 from .analyze.expressions import constant_digits, make_resolver, type_row_expression
 from .analyze.per_unit import PerUnit
-from .bounds import BoundCheck, Unbounded, bound_check
+from .bounds import BoundCheck, Unbounded, bound_check, read_table
 from .clock import date_literal
 from .plan import Measurement, QueryPlan
 from .policy import ColumnPolicy, TablePolicy
@@ -848,7 +848,7 @@ def _excess_statement(plan: QueryPlan, dialect: str) -> str:
     count = exp.Sub(this=exp.Count(this=exp.Star()),
                     expression=exp.cast(exp.Parameter(this=exp.Literal.number(1)), _BIGINT))
     outer = exp.select(*(exp.alias_(count.copy(), m.column) for m in plan.measurements),
-                       copy=False).from_(exp.to_table(plan.analysis.table.name, quoted=True),
+                       copy=False).from_(read_table(plan.analysis.table.name, dialect),
                                          copy=False)
     return outer.sql(dialect=dialect)
 
@@ -938,7 +938,9 @@ def _statement_tree(plan: QueryPlan, dialect: str, bounded: bool, late: bool = F
             inner_items.append(exp.alias_(exp.Rand(), RANDOM))
     if not inner_items:  # COUNT(*) alone, without a privacy unit, needs no column
         inner_items.append(exp.alias_(exp.Literal.number(1), "__row"))
-    base: exp.Expression = exp.to_table(table.name, quoted=True)
+    # unbounded: the table as its bound check reads it (`dpproxy.bounds.read_table`)
+    base: exp.Expression = exp.to_table(table.name, quoted=True) if bounded \
+        else read_table(table.name, dialect)
     if analysis.per_unit is not None:
         base = per_unit_source(analysis.per_unit, dialect)
     if analysis.joins:

@@ -53,7 +53,8 @@ TABLES
 
 [analysts.bob]
 budget = { epsilon = 1e9, delta = 0.5 }
-tables = ["w", "h", "h0", "m", "cw", "cr", "cd", "k", "many", "h1", "hh", "n1", "n2", "s"]
+tables = ["w", "h", "h0", "m", "cw", "cr", "cd", "k", "many", "h1", "hh", "n1", "n2", "s",
+          "lr", "ld", "ca", "cq"]
 """
 
 TABLE = """
@@ -124,7 +125,12 @@ TABLES = {"w": within_rows(), "h": heavy_rows() + light_rows(), "h0": light_rows
           "h1": heavy_rows() + light_rows(), "hh": heavy_rows() + light_rows()[:20],
           "n1": heavy_rows() + light_rows() + null_unit(1) + spread_unit(),
           "n2": null_unit(HEAVY_ROWS) + light_rows(),
-          "s": [(f"u{r[0]}", *r[1:]) for r in heavy_rows() + light_rows()]}
+          "s": [(f"u{r[0]}", *r[1:]) for r in heavy_rows() + light_rows()],
+          # changed while a query waits for the table's lock; a child attached meanwhile;
+          # a parent whose child is there from the start
+          "lr": light_rows(), "lrh": heavy_rows() + light_rows(), "ld": within_rows(),
+          "ca": light_rows(), "ca_child": heavy_rows(), "cq": light_rows(),
+          "cq_child": [(r[0] + 10_000, *r[1:]) for r in light_rows()[:10]]}
 COLUMNS = "uid INTEGER NOT NULL, g TEXT, c TEXT, v INTEGER, x DOUBLE PRECISION"
 UNITS = {"n1": ("INTEGER", '{ type = "int" }'), "n2": ("INTEGER", '{ type = "int" }'),
          "s": ("TEXT NOT NULL", '{ type = "text", nullable = false }')}
@@ -204,7 +210,8 @@ def test_check_on_an_empty_table_holds(backend: Backend) -> None:
     """An empty table (no row matches uid < 0) reads NULL maxima, which hold; a check that
     could not be read never holds."""
     check = bound_check("w", exp.column("uid", quoted=True), [], backend.dialect, 1, 1)
-    empty = check.sql.replace('FROM "w"', 'FROM (SELECT * FROM "w" WHERE "uid" < 0) AS "w"')
+    table = 'FROM ONLY "w"' if backend.dialect == "postgres" else 'FROM "w"'
+    empty = check.sql.replace(table, 'FROM (SELECT * FROM "w" WHERE "uid" < 0) AS "w"')
     assert empty != check.sql
     (row,) = backend.run_aggregate(empty)
     assert tuple(row) == (None, None, 0) and check.holds(row) and check.excess(row) == 0
@@ -626,6 +633,127 @@ def test_postgres_check_not_carried_past_a_change_of_the_table_itself(
         backend.recheck_s = 0.0  # type: ignore[attr-defined]
         assert total() == bounded_total
         assert (counts(backend), carried(backend)) == ((2, 1, 2), 0)  # over the bounds
+    finally:
+        backend.close()
+
+
+def bounded_total_of(rows: list[tuple[Any, ...]]) -> int:
+    """The bounded COUNT(*) of these rows over all groups: each unit's rows per group up to
+    MAX_ROWS, in its MAX_GROUPS fullest groups."""
+    per_unit: dict[object, Counter[object]] = {}
+    for row in rows:
+        per_unit.setdefault(row[0], Counter())[row[1]] += 1
+    return sum(sum(sorted((min(n, MAX_ROWS) for n in groups.values()),
+                          reverse=True)[:MAX_GROUPS]) for groups in per_unit.values())
+
+
+def wait_for_a_lock_request(dsn: str, table: str) -> None:
+    """Until some session waits for a lock on `table`."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(3000):
+            row = conn.execute("SELECT COUNT(*) FROM pg_locks WHERE NOT granted "
+                               "AND relation = to_regclass(%s)", [table]).fetchone()
+            if row is not None and row[0] > 0:
+                return
+            threading.Event().wait(0.01)
+    raise AssertionError(f"no session waited for {table}")
+
+
+@pytest.mark.parametrize(("table", "change"), [
+    ("lr", "ALTER TABLE lr RENAME TO lr_old; ALTER TABLE lrh RENAME TO lr"),
+    ("ld", "ALTER TABLE ld DROP COLUMN g; ALTER TABLE ld ADD COLUMN g TEXT DEFAULT 'a'"),
+])
+def test_postgres_change_committed_while_a_query_waits_is_seen(
+        postgres_dsn: str, tmp_path: Path, table: str, change: str) -> None:
+    """A change of what the table's rows read as (ACCESS EXCLUSIVE), committed while the
+    next query waits for the table: PostgreSQL resolves the query's names and columns
+    from the catalog as it is once the lock is granted. The query took its snapshot
+    before waiting, so the check, reused for that snapshot (or carried, the catalog read
+    in it not showing the change), let it read the changed table unbounded: 50 rows of
+    one unit. The backend now locks the table before its snapshot: the change shows in
+    the snapshot, and the query is bounded."""
+    policy = load_policy(write_policy(tmp_path, f'kind = "postgres"\ndsn = "{postgres_dsn}"'))
+    plan = plan_for(policy, f"SELECT g, COUNT(*) FROM {table} GROUP BY g", analyst=ANALYST)
+    after = TABLES["lrh"] if table == "lr" else [(r[0], "a") for r in TABLES[table]]
+    assert bounded_total_of(after) < len(after)  # the change puts units over the bounds
+    backend = open_backend(policy)
+    backend.recheck_s = 3600.0  # type: ignore[attr-defined]
+    answer: dict[str, Any] = {}
+    try:
+        exact_rows(backend, plan, verify_bounds=True)
+        assert counts(backend) == (1, 1, 0)
+        with psycopg.connect(postgres_dsn) as writer:
+            writer.execute(change)  # holds ACCESS EXCLUSIVE until it commits
+            query = threading.Thread(target=lambda: answer.update(
+                rows=exact_rows(backend, plan, verify_bounds=True)))
+            query.start()
+            wait_for_a_lock_request(postgres_dsn, table)
+            writer.commit()
+            query.join(timeout=60)
+        assert sum(v[0] for v in answer["rows"].values()) == bounded_total_of(after)
+        assert counts(backend) == (1, 1, 1)  # bounded, not run unbounded again
+    finally:
+        backend.close()
+
+
+class _AttachAfterTheCheck:
+    """Runs `statement` on its own connection (committed) right after the backend has read
+    its check and before it runs the query: the interleaving of a child attached while a
+    check runs, which ATTACH PARTITION and INHERIT allow (their lock does not wait for
+    readers)."""
+
+    def __init__(self, backend: Backend, dsn: str, statement: str) -> None:
+        self.observed = backend._observed  # type: ignore[attr-defined]
+        self.dsn, self.statement = dsn, statement
+        backend._observed = self  # type: ignore[attr-defined]
+
+    def __call__(self, *args: Any) -> Any:
+        observed = self.observed(*args)
+        with psycopg.connect(self.dsn, autocommit=True) as writer:
+            writer.execute(self.statement)
+        return observed
+
+
+def test_postgres_child_attached_after_the_check_is_read_by_no_unbounded_statement(
+        postgres_dsn: str, tmp_path: Path) -> None:
+    """A child holding a unit of 50 rows, attached (INHERIT) between the check and the
+    query of one transaction: the query, reading the parent with its children, counted
+    that unit's 50 rows unbounded. Check and unbounded statement now read ONLY the table:
+    the answer is the one the check verified, without the child's rows."""
+    policy = load_policy(write_policy(tmp_path, f'kind = "postgres"\ndsn = "{postgres_dsn}"'))
+    plan = plan_for(policy, "SELECT g, COUNT(*) FROM ca GROUP BY g", analyst=ANALYST)
+    backend = open_backend(policy)
+    backend.recheck_s = 0.0  # type: ignore[attr-defined]
+    try:
+        _AttachAfterTheCheck(backend, postgres_dsn, "ALTER TABLE ca_child INHERIT ca")
+        got = exact_rows(backend, plan, verify_bounds=True)
+        assert counts(backend) == (1, 1, 0)  # checked, held, ran unbounded
+        assert sum(v[0] for v in got.values()) == len(TABLES["ca"])
+    finally:
+        backend.close()
+    backend = open_backend(policy)  # the child is attached now: a parent is bounded
+    try:
+        got = exact_rows(backend, plan, verify_bounds=True)
+        assert counts(backend) == (0, 0, 1)
+        assert sum(v[0] for v in got.values()) == bounded_total_of(
+            TABLES["ca"] + TABLES["ca_child"])
+    finally:
+        backend.close()
+
+
+def test_postgres_parent_table_is_never_run_unbounded(postgres_dsn: str,
+                                                      tmp_path: Path) -> None:
+    """A table with children is read with them, so never as ONLY the table: no check is
+    read, and the bounded statement counts the child's rows too."""
+    with psycopg.connect(postgres_dsn, autocommit=True) as writer:
+        writer.execute("ALTER TABLE cq_child INHERIT cq")
+    policy = load_policy(write_policy(tmp_path, f'kind = "postgres"\ndsn = "{postgres_dsn}"'))
+    plan = plan_for(policy, "SELECT g, COUNT(*) FROM cq GROUP BY g", analyst=ANALYST)
+    backend = open_backend(policy)
+    try:
+        got = exact_rows(backend, plan, verify_bounds=True)
+        assert counts(backend) == (0, 0, 1)
+        assert sum(v[0] for v in got.values()) == len(TABLES["cq"]) + len(TABLES["cq_child"])
     finally:
         backend.close()
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+import psycopg.sql
 from psycopg.adapt import Loader
 from psycopg.types.datetime import DateLoader, TimestampLoader, TimestamptzLoader
 from psycopg_pool import ConnectionPool, PoolTimeout
@@ -68,6 +69,7 @@ _SNAPSHOT_SQL = "SELECT pg_current_snapshot()::text || '@' || pg_postmaster_star
 # Sent as one simple query with it (one round trip, not two): the transaction whose
 # snapshot the check and the query read.
 _BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+_LOCK_SAVEPOINT = "__dpproxy_lock"
 # After the data changed, a bound check is read again at most this often (seconds): until
 # then queries are bounded as always, so a busy server does not pay a check per query.
 RECHECK_S = 60.0
@@ -350,10 +352,9 @@ class PostgresBackend:
         units with a row version since are within the bounds (`_carried`), else read now
         (in a savepoint, at most every `recheck_s` per check). Opens the transaction the
         caller's query runs in."""
-        cursor.execute(f"{_BEGIN}; {_SNAPSHOT_SQL}")
-        cursor.nextset()  # past BEGIN's result
-        row = cursor.fetchone()
-        snapshot = str(row[0]) if row else ""
+        snapshot = self._lock_then_begin(conn, cursor, check)
+        if snapshot is None:
+            return None  # not a table to verify: bound, in a transaction as any query
         now = time.monotonic()
         with self._checks_lock:
             known = self._checks.get(check.sql)
@@ -372,18 +373,55 @@ class PostgresBackend:
                 return carried
         if known is not None and now - known[2] < self.recheck_s:
             return None
-        observed: tuple[object, ...] | None
-        try:
-            with conn.transaction():  # a failed check leaves the transaction usable
-                found = cursor.execute(check.sql).fetchone()
-            observed = tuple(found) if found else None
-        except psycopg.Error:  # e.g. too slow to verify within the timeout
-            observed = None  # not verified: bound as always
-        catalog = _catalog(conn, cursor, check) if check.holds(observed) else None
+        observed: tuple[object, ...] | None = None  # None: not verified, bound as always
+        # read first: only a plain table's rows are what the check and the unbounded
+        # statement read (both `FROM ONLY`), so anything else is never verified
+        catalog = _catalog(conn, cursor, check)
+        if catalog is not None:
+            try:
+                with conn.transaction():  # a failed check leaves the transaction usable
+                    found = cursor.execute(check.sql).fetchone()
+                observed = tuple(found) if found else None
+            except psycopg.Error:  # e.g. too slow to verify within the timeout
+                pass
         with self._checks_lock:
-            self._checks[check.sql] = (snapshot, observed, now, catalog)
-            self.bounding.checks += 1
+            self._checks[check.sql] = (snapshot, observed, now,
+                                       catalog if check.holds(observed) else None)
+            self.bounding.checks += catalog is not None
         return observed
+
+    @staticmethod
+    def _lock_then_begin(conn: psycopg.Connection[Any], cursor: psycopg.Cursor[Any],
+                         check: BoundCheck) -> str | None:
+        """Open the `_BEGIN` transaction holding ACCESS SHARE on the check's table before
+        its snapshot is taken (LOCK takes none), so that a change to what the table's rows
+        read as (a rename, a column's type: ACCESS EXCLUSIVE) either committed before the
+        snapshot, which then shows it (a new snapshot, a new `_CATALOG_SQL` text), or
+        waits until the transaction ends. Without the lock, such a change committed
+        between the snapshot and the query's lock was read by the query (PostgreSQL
+        resolves names and columns once it holds the lock, from the latest catalog) but
+        not by the check. Changes that take a weaker lock (ATTACH PARTITION, INHERIT) are
+        kept out by `FROM ONLY` in the check and the unbounded statements. Returns the
+        snapshot's `_SNAPSHOT_SQL` text, read in one round trip with the rest; None where
+        the table cannot be locked (a materialized view, a foreign table): the
+        transaction is open, unlocked, and the query is bounded."""
+        if not check.table:
+            cursor.execute(_BEGIN)
+            return None
+        name = psycopg.sql.Identifier(check.table).as_string(conn)
+        try:
+            cursor.execute(f"{_BEGIN}; SAVEPOINT {_LOCK_SAVEPOINT}; "
+                           f"LOCK TABLE ONLY {name} IN ACCESS SHARE MODE; "
+                           f"RELEASE SAVEPOINT {_LOCK_SAVEPOINT}; {_SNAPSHOT_SQL}")
+        except psycopg.Error:
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.INERROR:
+                raise  # BEGIN itself failed
+            cursor.execute(f"ROLLBACK TO SAVEPOINT {_LOCK_SAVEPOINT}")
+            return None
+        while cursor.nextset():  # past the results of BEGIN, SAVEPOINT, LOCK and RELEASE
+            pass
+        row = cursor.fetchone()
+        return str(row[0]) if row else ""
 
     @staticmethod
     def _carried(conn: psycopg.Connection[Any], cursor: psycopg.Cursor[Any],

@@ -482,8 +482,10 @@ def calibrate(mechanism: Mechanism, sensitivity: float, epsilon: float, delta: f
 
 def _require_drawable(scale: float | Fraction, epsilon: float) -> None:
     if scale > MAX_GRID_SCALE:
+        # a subnormal ε makes a scale beyond any float
+        wide = f"{float(scale):.3g}" if scale < 1e300 else "more than 1e300"
         raise InvalidParameterValue(
-            f"ε = {epsilon:g} is too small: its noise would be {float(scale):.3g} grid steps "
+            f"ε = {epsilon:g} is too small: its noise would be {wide} grid steps "
             f"wide (at most 2^48), an answer of noise alone",
             hint="give the query (or this aggregate's share of the split) a larger ε")
 

@@ -40,7 +40,8 @@ membership = "public"
 
 [tables.survey_reps.columns]
 person_id = {{ type = "int", nullable = false }}
-{chr(10).join(f'r{k} = {{ type = "bool", ldp = {{ mechanism = "randomized_response", '
+{chr(10).join(f'r{k} = {{ type = "bool", nullable = false, '
+              f'ldp = {{ mechanism = "randomized_response", '
               f'epsilon = 1.0 }} }}' for k in range(REPS))}
 """
 
@@ -271,7 +272,7 @@ membership = "public"
 pid = { type = "int", nullable = false }
 band = { type = "int", lower = 0, upper = 9, public = true }
 salary = { type = "int", lower = 0, upper = 1000000, nullable = false }
-hi = { type = "bool", ldp = { mechanism = "randomized_response", epsilon = 1.0 } }
+hi = { type = "bool", nullable = false, ldp = { mechanism = "randomized_response", epsilon = 1.0 } }
 
 [tables.cut]
 public = true
@@ -318,6 +319,29 @@ def test_a_join_on_a_private_column_makes_rows_private(tmp_path: Path, sql: str,
         assert result.cost is not None
         assert (result.cost.epsilon == 0) is exact, result.cost
 
+
+
+def test_whether_a_person_reported_is_released_exactly_only_if_every_row_reports(
+        tmp_path: Path) -> None:
+    """A NULL report is no randomized answer: under public membership a per-person
+    `COUNT(hi)` was 0 with the interval [0, 0] for a person who did not answer, and wider
+    for one who did, exactly and free. Where the column may be NULL the report counts are
+    noised and charged; declared `nullable = false` they are the rows' count, public."""
+    database = tmp_path / "nulls.duckdb"
+    con = duckdb.connect(str(database))
+    con.execute("CREATE TABLE survey AS SELECT range::INT AS pid, (range % 10)::INT AS band, "
+                "1000::INT AS salary, CASE WHEN range = 7 THEN NULL ELSE range % 3 = 0 END "
+                "AS hi FROM range(1000)")
+    con.close()
+    nullable = JOINED.replace("DB", database.as_posix()).replace(
+        'hi = { type = "bool", nullable = false,', 'hi = { type = "bool",')
+    for text, exact in ((nullable, False), (JOINED.replace("DB", database.as_posix()), True)):
+        policy = tmp_path / "nulls.toml"
+        policy.write_text(text)
+        with Engine.from_path(policy) as engine:
+            result = engine.session("alice", epsilon=0.5).execute(
+                "SELECT COUNT(hi) FROM survey WHERE pid = 7")
+            assert result.cost is not None and (result.cost.epsilon == 0) is exact
 
 # policy validation ---------------------------------------------------------------------------
 BASE = {

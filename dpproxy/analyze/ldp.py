@@ -119,7 +119,8 @@ def local_aggregate(node: exp.AggFunc, table: TablePolicy, resolve: Resolver,
     """The rule and statistics of an aggregate over a local-DP column; None when the
     aggregate reads no such column. Any other use of one is refused. `public_rows`: the
     query's WHERE and GROUP BY read only public columns (`rows_are_public`), so with
-    public membership which rows each group holds is public."""
+    public membership which rows each group holds is public, and with a report in every
+    row (`nullable = false`) so is how many reports it holds: released exactly."""
     columns = [resolve(c) for c in node.find_all(exp.Column)]
     local = [c for c in columns if c.ldp is not None]
     if not local:
@@ -134,7 +135,10 @@ def local_aggregate(node: exp.AggFunc, table: TablePolicy, resolve: Resolver,
             "differential privacy; only its debiased COUNT and AVG are answered",
             hint=f"ask for {_usage(column)}")
     assert column.ldp is not None
-    exact = table.membership == "public" and public_rows
+    # whether a person reported at all is no randomized answer: exact only where the
+    # column holds a report in every row (`nullable = false`), so that a group's report
+    # count is its public row count (`COUNT(col) WHERE person_id = 7` told whether 7 answered)
+    exact = table.membership == "public" and public_rows and not column.nullable
     statistics = [Statistic("sum", bit, 0.0, 1.0, 0.0, True, exact),
                   Statistic("count", bit.copy(), exact=exact)]
     return local_rule(kind, column.ldp), statistics

@@ -697,12 +697,15 @@ class Ledger:
     def __init__(self, path: str | os.PathLike[str] | Storage,
                  initial_budgets: Mapping[str, _CostLike], *, timeout: float = 30.0,
                  accounting: str = "basic", window: str = "never",
-                 fast_commits: bool | None = None) -> None:
+                 fast_commits: bool | None = None, adopt_window_by: str | None = None
+                 ) -> None:
         """Open or create the ledger (a SQLite file at `path`, or the given storage);
         accounts missing from it are created with their policy budget (the policy is the
         initial state; an existing account's budget in the ledger is NOT overwritten by a
         changed policy). `fast_commits` (default on, unless the environment variable
-        DPPROXY_LEDGER_FAST_COMMITS is "off"): group commit and fsync-free answers."""
+        DPPROXY_LEDGER_FAST_COMMITS is "off"): group commit and fsync-free answers. The
+        ledger keeps the budget window it is used with (`_settle_window`); a different
+        one is refused, unless `adopt_window_by` names who changes it."""
         budgets = {_check_name(a, "account"): _check_cost(c, f"budget of {a}")
                    for a, c in initial_budgets.items()}
         if accounting not in ACCOUNTING:
@@ -730,6 +733,7 @@ class Ledger:
                 with self._write():
                     self._store.prepare(db)
                     self._migrate()
+                    self._settle_window(db, adopt_window_by)
                     self._create(db, budgets)
         except BaseException:
             db.close()
@@ -922,6 +926,33 @@ class Ledger:
                 self._db.execute("UPDATE accounts SET spent_rho = ?, spent_zcdp_delta = ?"
                                  " WHERE account = ?", (str(rho), str(zd), account))
             self._store.set_version(self._db, SCHEMA_VERSION)
+
+    def _settle_window(self, db: Any, adopt_by: str | None) -> None:
+        """Record the budget window on first use; refuse another one. Every user of a
+        shared ledger must count spending alike: a "daily" proxy renewing an account
+        zeroes the spending that a "never" proxy reads as the account's lifetime total
+        (a review spent twice a lifetime budget so). `adopt_by`: change it, recorded."""
+        db.execute("CREATE TABLE IF NOT EXISTS ledger_settings "
+                   "(name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        row = db.execute("SELECT value FROM ledger_settings WHERE name = 'budget_window'"
+                         ).fetchone()
+        if row is None:
+            db.execute("INSERT INTO ledger_settings (name, value) VALUES ('budget_window', ?)",
+                       (self.window,))
+            return
+        if row[0] == self.window:
+            return
+        if adopt_by is None:
+            raise OperationalError(
+                f"privacy ledger {self._path} counts spending with budget_window = "
+                f"{row[0]!r}, the policy says {self.window!r}",
+                hint="every proxy sharing a ledger needs the same [privacy] budget_window; to "
+                     "change it, stop the other proxies and run `dpproxy budget window`")
+        _check_name(adopt_by, "by")
+        db.execute("UPDATE ledger_settings SET value = ? WHERE name = 'budget_window'",
+                   (self.window,))
+        self._admin_event(time.time(), adopt_by, "ledger",
+                          f"budget_window {row[0]} -> {self.window}", _ZERO, _ZERO)
 
     def _admin_event(self, at: float, by: str, account: str, action: str, eps: Decimal,
                      delta: Decimal) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import errors
+from .accountant import Ledger
 from .policy import Policy, check_policy, load_policy
 from .session import Engine, Result, open_ledger
 
@@ -125,8 +126,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def _account(policy: Policy, analyst: str | None, table: str | None) -> str:
-    """The account an admin command names: an analyst's, or a table's total budget."""
+def _account(policy: Policy, analyst: str | None, table: str | None,
+             ledger: Ledger) -> str:
+    """The account an admin command names: an analyst's, or a table's total budget; an
+    analyst removed from the policy whose account the ledger keeps, too."""
     from .session import analyst_account, table_account
 
     if (analyst is None) == (table is None):
@@ -139,6 +142,8 @@ def _account(policy: Policy, analyst: str | None, table: str | None) -> str:
                 hint=f"tables with one: {', '.join(with_budget) or 'none'}")
         return table_account(table)
     assert analyst is not None
+    if any(s.account == analyst_account(analyst) for s in ledger.statuses()):
+        return analyst_account(analyst)
     if analyst not in policy.analysts or policy.analysts[analyst].budget is None:
         raise errors.UndefinedObject(f"analyst {analyst!r} has no budget in the policy",
                                      hint=f"analysts: {', '.join(policy.analysts)}")
@@ -164,7 +169,7 @@ def cmd_budget_show(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy)
     with open_ledger(policy) as ledger:
         if args.analyst or args.table:
-            statuses = [ledger.status(_account(policy, args.analyst, args.table))]
+            statuses = [ledger.status(_account(policy, args.analyst, args.table, ledger))]
         else:
             statuses = ledger.statuses()
     _print_rows([_status_row(s) for s in statuses], args.json)
@@ -175,8 +180,8 @@ def _admin_change(args: argparse.Namespace, action: str) -> int:
     from .accountant import Cost
 
     policy = load_policy(args.policy)
-    account = _account(policy, args.analyst, args.table)
     with open_ledger(policy) as ledger:
+        account = _account(policy, args.analyst, args.table, ledger)
         if action == "grant":
             status = ledger.grant(account, Cost(args.epsilon, args.delta or 0.0), by=args.by)
         elif action == "set":  # without --delta, only ε is replaced
@@ -188,11 +193,20 @@ def _admin_change(args: argparse.Namespace, action: str) -> int:
     return 0
 
 
+def cmd_budget_window(args: argparse.Namespace) -> int:
+    policy = load_policy(args.policy)
+    with open_ledger(policy, adopt_window_by=args.by):
+        pass
+    print(f"the ledger counts spending with budget_window = "
+          f"{policy.privacy.budget_window!r}")
+    return 0
+
+
 def cmd_budget_history(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy)
-    account = _account(policy, args.analyst, args.table) if args.analyst or args.table \
-        else None
     with open_ledger(policy) as ledger:
+        account = _account(policy, args.analyst, args.table, ledger) \
+            if args.analyst or args.table else None
         entries = ledger.timeline(account, limit=args.limit)
     rows = [{"at": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(e.at)), "who": e.who,
              "what": e.what, "epsilon": e.amount.epsilon, "delta": e.amount.delta,
@@ -272,7 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
     query_args(e)
     e.set_defaults(func=cmd_explain)
 
-    b = sub.add_parser("budget", help="budget administration: show, grant, set, reset, history")
+    b = sub.add_parser("budget", help="budget administration: show, grant, set, reset, "
+                                      "history, window")
     bsub = b.add_subparsers(dest="budget_command", required=True, metavar="ACTION")
 
     def target(p: argparse.ArgumentParser, required: bool) -> None:
@@ -298,6 +313,12 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--by", default=os.environ.get("USER") or "cli",
                          help="who makes the change, for the record (default: $USER)")
         cmd.set_defaults(func=lambda a, action=action: _admin_change(a, action))
+    window = bsub.add_parser("window", help="make the policy's budget_window the ledger's "
+                                            "(stop other proxies on the ledger first)")
+    with_policy(window)
+    window.add_argument("--by", default=os.environ.get("USER") or "cli",
+                        help="who makes the change, for the record (default: $USER)")
+    window.set_defaults(func=cmd_budget_window)
     history = bsub.add_parser("history", help="charges and admin changes, newest first")
     target(history, required=False)
     history.add_argument("--limit", type=int, default=50)

@@ -173,9 +173,10 @@ def initial_budgets(policy: Policy) -> dict[str, Cost]:
     return budgets
 
 
-def open_ledger(policy: Policy) -> Ledger:
+def open_ledger(policy: Policy, adopt_window_by: str | None = None) -> Ledger:
     """The policy's ledger, created with its budgets if new, in its accounting mode: the
-    SQLite file `[ledger] path`, or the PostgreSQL schema of `[ledger] dsn`."""
+    SQLite file `[ledger] path`, or the PostgreSQL schema of `[ledger] dsn`.
+    `adopt_window_by`: the policy's budget window replaces the ledger's (see `Ledger`)."""
     shared = policy.shared_ledger
     storage: Storage | Path = policy.ledger_path
     if shared is not None:
@@ -184,7 +185,8 @@ def open_ledger(policy: Policy) -> Ledger:
             password=env_password(shared.password_env, "ledger.password_env"),
             passfile=str(shared.passfile) if shared.passfile is not None else None)
     return Ledger(storage, initial_budgets(policy),
-                  accounting=policy.privacy.accounting, window=policy.privacy.budget_window)
+                  accounting=policy.privacy.accounting, window=policy.privacy.budget_window,
+                  adopt_window_by=adopt_window_by)
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:

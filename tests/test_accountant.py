@@ -637,6 +637,32 @@ def test_budget_window_renews_spending(ledger_at: LedgerAt,
         assert len(ledger.history(ALICE)) == 11  # history is kept across windows
 
 
+def test_a_ledger_is_used_with_one_budget_window(ledger_at: LedgerAt,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two proxies sharing a ledger with different windows overspent: the "daily" one's
+    renewal zeroed the spending that the "never" one read as the lifetime total, so the
+    analyst spent the lifetime budget twice. A ledger keeps the window it was first used
+    with and refuses another; changing it is an admin's act, recorded."""
+    import dpproxy.accountant as accountant
+
+    clock = [1_700_000_000.0]
+    monkeypatch.setattr(accountant.time, "time", lambda: clock[0])
+    with ledger_at("one.db", {ALICE: Cost(1.0)}) as lifetime:
+        lifetime.charge([ALICE], Cost(1.0), analyst="a", statement="q")
+    with pytest.raises(OperationalError, match="budget_window = 'never'") as refused:
+        ledger_at("one.db", {ALICE: Cost(1.0)}, window="daily")
+    assert "dpproxy budget window" in (refused.value.hint or "")
+    with ledger_at("one.db", {ALICE: Cost(1.0)}) as lifetime:  # the same window: opens
+        assert lifetime.status(ALICE).spent == Cost(1.0, 0.0)
+    with ledger_at("one.db", {ALICE: Cost(1.0)}, window="daily",
+                   adopt_window_by="admin") as daily:
+        assert daily.admin_history("ledger")[0].action == "budget_window never -> daily"
+    with ledger_at("one.db", {ALICE: Cost(1.0)}, window="daily") as daily:
+        assert daily.window == "daily"
+    with pytest.raises(OperationalError, match="budget_window = 'daily'"):
+        ledger_at("one.db", {ALICE: Cost(1.0)})
+
+
 @pytest.mark.parametrize("accounting", ["basic", "zcdp"])
 def test_a_charge_returns_each_account_as_it_left_it(
         ledger_at: LedgerAt, accounting: str, monkeypatch: pytest.MonkeyPatch) -> None:

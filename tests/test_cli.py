@@ -167,3 +167,43 @@ def test_budget_admin_commands_change_and_record(demo_policy: Path) -> None:
     assert history[3]["detail"] == "SELECT COUNT(*) FROM adult"
     unknown = dpproxy("budget", "grant", "mallory", "--epsilon", "1", "--policy", demo_policy)
     assert unknown.returncode == 1 and "42704" in unknown.stderr
+
+
+def test_a_removed_analysts_account_is_still_administered(demo_policy: Path) -> None:
+    """The ledger keeps a removed analyst's account: `budget show|history|grant` reach it
+    (they refused: "no budget in the policy"), and adding the analyst again says that the
+    ledger's budget, not the new one, applies."""
+    assert dpproxy("analyst", "add", "bob", "--tables", "adult", "--epsilon", "2",
+                   "--policy", demo_policy).returncode == 0
+    assert dpproxy("query", "--policy", demo_policy, "--analyst", "bob",
+                   "SELECT COUNT(*) FROM adult").returncode == 0
+    assert dpproxy("analyst", "remove", "bob", "--policy", demo_policy).returncode == 0
+    shown = dpproxy("budget", "show", "bob", "--json", "--policy", demo_policy)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)[0]["epsilon_spent"] == 0.1
+    history = dpproxy("budget", "history", "bob", "--json", "--policy", demo_policy)
+    assert [h["what"] for h in json.loads(history.stdout)] == ["charge", "create"]
+    assert dpproxy("budget", "grant", "bob", "--epsilon", "1",
+                   "--policy", demo_policy).returncode == 0
+    again = dpproxy("analyst", "add", "bob", "--tables", "adult", "--epsilon", "5",
+                    "--policy", demo_policy)
+    assert again.returncode == 0 and "keeps bob's earlier account" in again.stdout
+    assert "ε=3" in again.stdout
+    assert dpproxy("budget", "show", "nobody", "--policy", demo_policy).returncode == 1
+
+
+def test_budget_window_is_changed_by_an_admin_command(demo_policy: Path) -> None:
+    """A ledger keeps the budget window it was used with: a policy with another one is
+    refused until `dpproxy budget window` adopts it, which the history records."""
+    assert dpproxy("budget", "show", "--policy", demo_policy).returncode == 0
+    text = demo_policy.read_text()
+    demo_policy.write_text(text.replace("[privacy]\n", '[privacy]\nbudget_window = "daily"\n',
+                                        1))
+    refused = dpproxy("budget", "show", "--policy", demo_policy)
+    assert refused.returncode == 1 and "budget_window = 'never'" in refused.stderr
+    adopted = dpproxy("budget", "window", "--by", "ops", "--policy", demo_policy)
+    assert adopted.returncode == 0 and "'daily'" in adopted.stdout
+    assert dpproxy("budget", "show", "--policy", demo_policy).returncode == 0
+    history = json.loads(dpproxy("budget", "history", "--json", "--policy",
+                                 demo_policy).stdout)
+    assert ("ops", "budget_window never -> daily") in [(h["who"], h["what"]) for h in history]

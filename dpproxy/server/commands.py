@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import errors
+from ..accountant import AccountStatus
 from ..policy import Policy, ServerSettings, load_policy
 
 # The bundled demo policy stores a verifier of this password for alice (and only a
@@ -120,12 +121,31 @@ def cmd_add(args: argparse.Namespace) -> int:
     from .credentials import CredentialStore
 
     # a password left by an earlier analyst of that name (removed by hand) lets no one in
-    store = CredentialStore(load_policy(args.policy))
+    policy = load_policy(args.policy)
+    store = CredentialStore(policy)
+    kept = _kept_account(policy, args.name)
     add_analyst(args.policy, args.name, table_names(args.tables), args.epsilon, args.delta,
                 args.role, lambda: store.forget(args.name))
     print(f"analyst {args.name} added to {args.policy} (a running `dpproxy serve` takes it "
           f"at the next login); set a password: dpproxy analyst passwd {args.name}")
+    if kept is not None:
+        print(f"the ledger keeps {args.name}'s earlier account, and its budget: "
+              f"ε={kept.budget.epsilon:g}, δ={kept.budget.delta:g}, spent "
+              f"ε={kept.spent.epsilon:g}; the policy's budget applies to new accounts only "
+              f"(change it: dpproxy budget set {args.name} --epsilon …)")
     return 0
+
+
+def _kept_account(policy: Policy, name: str) -> AccountStatus | None:
+    """The ledger's account of an analyst of this name removed earlier, if it keeps one."""
+    from ..session import analyst_account, open_ledger
+
+    try:
+        with open_ledger(policy) as ledger:
+            return next((s for s in ledger.statuses() if s.account == analyst_account(name)),
+                        None)
+    except errors.Error:  # the ledger cannot be read now: adding the analyst still works
+        return None
 
 
 def cmd_remove(args: argparse.Namespace) -> int:

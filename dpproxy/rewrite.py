@@ -400,8 +400,7 @@ def _clamp(statistic: Statistic, table: TablePolicy, dialect: str
     """The argument clamped to [lower, upper] (a NULL argument clamps to NULL, NaN to
     upper), and the NULL test to guard it with, if the clamp needs one."""
     assert statistic.argument is not None
-    if dialect == "postgres" and clamps_in_integer(statistic.argument, table, statistic.lower,
-                                                   statistic.upper):
+    if clamps_in_integer(statistic.argument, table, statistic.lower, statistic.upper):
         # the column as stored, by its policy name (the query may spell it in other
         # case): a NULL fails both comparisons and stays NULL
         stored = table.column(statistic.argument.name)
@@ -468,11 +467,30 @@ def clamped(statistic: Statistic, table: TablePolicy, dialect: str) -> exp.Expre
         # a whole centre as an integer literal: an integer clamp minus it stays an integer
         clamp = exp.Sub(this=clamp, expression=_whole(statistic.center))
     bits = statistic.fixed_point_bits
+    if bits is None and float(statistic.center).is_integer() \
+            and statistic.row_contribution <= 2**53 and _sums_in_double(statistic, table,
+                                                                         dialect):
+        # whole numbers summed in DOUBLE err once a total passes 2^53, and neighbouring
+        # tables can err differently: summed as integers instead, exactly (DuckDB in
+        # HUGEINT, PostgreSQL in NUMERIC); each is whole (ROUND, a whole centre) and
+        # within BIGINT
+        clamp = exp.cast(clamp, _BIGINT)
     if bits is not None:
         scale = exp.Literal.number(_power_of_two(bits))
         clamp = exp.cast(exp.func("ROUND", exp.Mul(this=exp.Paren(this=clamp),
                                                    expression=scale)), _BIGINT)
     return _guarded(clamp, guard)
+
+
+def _sums_in_double(statistic: Statistic, table: TablePolicy, dialect: str) -> bool:
+    """Whether `_clamp` gives a whole-number sum's rows as DOUBLE: a bare int column
+    stored as an integer clamps in its own type; any other argument on DuckDB, and a bare
+    float column on PostgreSQL (any other argument clamps in NUMERIC there)."""
+    assert statistic.argument is not None
+    bounds = (statistic.argument, table, statistic.lower, statistic.upper)
+    if clamps_in_integer(*bounds):
+        return False
+    return dialect != "postgres" or clamps_in_double(*bounds)
 
 
 def _power_of_two(bits: int) -> str:

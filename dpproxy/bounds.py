@@ -35,7 +35,11 @@ the very data it was read from:
   snapshot, which shows it, or waits until the query is done. A child attached meanwhile
   (ATTACH PARTITION, INHERIT: locks that do not wait for readers) is read by neither the
   check nor the unbounded statement: both read `ONLY` the table, and bounds are verified
-  only on a plain table without children.
+  only on a plain table without children. Some changes take no lock on the table at all
+  (an enum label renamed, a relation of the same name created earlier on the search
+  path), so after an unbounded statement the backend reads the table's catalog text
+  again, from the latest catalog, and answers with the bounded statement where it
+  changed.
 
 A statement grouping by public keys filters its rows by the public lists before it
 aggregates. Where the bounds hold and the check also saw few distinct groups in the whole
@@ -152,6 +156,9 @@ class BoundingCounts:
     split: int = 0
     excess: int = 0  # bounded counts run as the rows less the check's excess rows
     carried: int = 0  # checks that held carried to a later snapshot (PostgreSQL)
+    # unbounded answers dropped for the bounded statement's: the catalog changed while
+    # they ran (PostgreSQL; counted in `enforced` too)
+    recomputed: int = 0
 
 
 @dataclass(frozen=True, eq=False)

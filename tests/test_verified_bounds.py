@@ -54,7 +54,7 @@ TABLES
 [analysts.bob]
 budget = { epsilon = 1e9, delta = 0.5 }
 tables = ["w", "h", "h0", "m", "cw", "cr", "cd", "k", "many", "h1", "hh", "n1", "n2", "s",
-          "lr", "ld", "ca", "cq"]
+          "lr", "ld", "ca", "cq", "en"]
 """
 
 TABLE = """
@@ -130,7 +130,9 @@ TABLES = {"w": within_rows(), "h": heavy_rows() + light_rows(), "h0": light_rows
           # a parent whose child is there from the start
           "lr": light_rows(), "lrh": heavy_rows() + light_rows(), "ld": within_rows(),
           "ca": light_rows(), "ca_child": heavy_rows(), "cq": light_rows(),
-          "cq_child": [(r[0] + 10_000, *r[1:]) for r in light_rows()[:10]]}
+          "cq_child": [(r[0] + 10_000, *r[1:]) for r in light_rows()[:10]],
+          # 2 rows in each of 2 groups per unit: within the bounds, until the labels merge
+          "en": [(u, g, "city0", 1, 1.0) for u in range(1, 101) for g in "Abb" + "A"]}
 COLUMNS = "uid INTEGER NOT NULL, g TEXT, c TEXT, v INTEGER, x DOUBLE PRECISION"
 UNITS = {"n1": ("INTEGER", '{ type = "int" }'), "n2": ("INTEGER", '{ type = "int" }'),
          "s": ("TEXT NOT NULL", '{ type = "text", nullable = false }')}
@@ -696,11 +698,11 @@ def test_postgres_change_committed_while_a_query_waits_is_seen(
         backend.close()
 
 
-class _AttachAfterTheCheck:
+class _AfterTheCheck:
     """Runs `statement` on its own connection (committed) right after the backend has read
-    its check and before it runs the query: the interleaving of a child attached while a
-    check runs, which ATTACH PARTITION and INHERIT allow (their lock does not wait for
-    readers)."""
+    its check and before it runs the query: the interleaving of a change committed while a
+    check runs, which ATTACH PARTITION, INHERIT and ALTER TYPE … RENAME VALUE allow (they
+    wait for no reader of the table)."""
 
     def __init__(self, backend: Backend, dsn: str, statement: str) -> None:
         self.observed = backend._observed  # type: ignore[attr-defined]
@@ -718,17 +720,20 @@ def test_postgres_child_attached_after_the_check_is_read_by_no_unbounded_stateme
         postgres_dsn: str, tmp_path: Path) -> None:
     """A child holding a unit of 50 rows, attached (INHERIT) between the check and the
     query of one transaction: the query, reading the parent with its children, counted
-    that unit's 50 rows unbounded. Check and unbounded statement now read ONLY the table:
-    the answer is the one the check verified, without the child's rows."""
+    that unit's 50 rows unbounded. Check and unbounded statement now read ONLY the table,
+    and the catalog read after it shows the table has a child: the answer is the bounded
+    statement's, the child's unit bounded."""
     policy = load_policy(write_policy(tmp_path, f'kind = "postgres"\ndsn = "{postgres_dsn}"'))
     plan = plan_for(policy, "SELECT g, COUNT(*) FROM ca GROUP BY g", analyst=ANALYST)
     backend = open_backend(policy)
     backend.recheck_s = 0.0  # type: ignore[attr-defined]
+    both = bounded_total_of(TABLES["ca"] + TABLES["ca_child"])
+    assert both < len(TABLES["ca"]) + len(TABLES["ca_child"])
     try:
-        _AttachAfterTheCheck(backend, postgres_dsn, "ALTER TABLE ca_child INHERIT ca")
+        _AfterTheCheck(backend, postgres_dsn, "ALTER TABLE ca_child INHERIT ca")
         got = exact_rows(backend, plan, verify_bounds=True)
-        assert counts(backend) == (1, 1, 0)  # checked, held, ran unbounded
-        assert sum(v[0] for v in got.values()) == len(TABLES["ca"])
+        assert counts(backend) == (1, 0, 1)  # checked, held, then bounded after all
+        assert sum(v[0] for v in got.values()) == both
     finally:
         backend.close()
     backend = open_backend(policy)  # the child is attached now: a parent is bounded
@@ -737,6 +742,33 @@ def test_postgres_child_attached_after_the_check_is_read_by_no_unbounded_stateme
         assert counts(backend) == (0, 0, 1)
         assert sum(v[0] for v in got.values()) == bounded_total_of(
             TABLES["ca"] + TABLES["ca_child"])
+    finally:
+        backend.close()
+
+
+def test_postgres_enum_label_renamed_after_the_check_is_seen(postgres_dsn: str,
+                                                            tmp_path: Path) -> None:
+    """An enum label renamed between the check and the query (no lock on the table): the
+    query read the new labels, merging each unit's two groups into one of 4 rows (the
+    bound is 2), unbounded. The backend reads the latest catalog after an unbounded
+    statement, finds it changed, and answers with the bounded statement instead."""
+    with psycopg.connect(postgres_dsn, autocommit=True) as writer:
+        writer.execute("CREATE TYPE en_label AS ENUM ('A', 'b')")
+        writer.execute("ALTER TABLE en ALTER COLUMN g TYPE en_label USING g::en_label")
+    policy = load_policy(write_policy(tmp_path, f'kind = "postgres"\ndsn = "{postgres_dsn}"'))
+    plan = plan_for(policy, "SELECT LOWER(CAST(g AS TEXT)) AS k, COUNT(*) FROM en "
+                            "GROUP BY LOWER(CAST(g AS TEXT))", analyst=ANALYST)
+    backend = open_backend(policy)
+    backend.recheck_s = 0.0  # type: ignore[attr-defined]
+    try:
+        assert exact_rows(backend, plan, verify_bounds=True) == {("a",): (200.0,),
+                                                                 ("b",): (200.0,)}
+        assert counts(backend) == (1, 1, 0)
+        _AfterTheCheck(backend, postgres_dsn, "ALTER TYPE en_label RENAME VALUE 'b' TO 'a'")
+        # a unit's 4 rows in one group, bounded to 2
+        assert exact_rows(backend, plan, verify_bounds=True) == {("a",): (200.0,)}
+        assert counts(backend)[1:] == (1, 1)
+        assert backend.bounding.recomputed == 1  # type: ignore[attr-defined]
     finally:
         backend.close()
 

@@ -21,7 +21,7 @@ import hashlib
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
@@ -111,6 +111,19 @@ def _catalog(conn: psycopg.Connection[Any], cursor: psycopg.Cursor[Any], check: 
     except psycopg.Error:
         return None
     return str(found[1]) if found and found[0] is True else None
+
+
+@dataclass(frozen=True)
+class _CheckRead:
+    """A bound check as read: the snapshot it holds for, what it observed, when it was
+    read (monotonic), the table's `_CATALOG_SQL` text read with it, and whether it may be
+    carried to a later snapshot where that text is the same (it held)."""
+
+    snapshot: str
+    observed: tuple[object, ...] | None
+    read_at: float
+    catalog: str | None
+    carries: bool
 
 
 @dataclass(frozen=True)
@@ -243,10 +256,7 @@ class PostgresBackend:
                 from None
         self._server = describe_server(dsn)
         self._tables = list(tables)
-        # check SQL → (snapshot it holds for, observed maxima, monotonic time read, and
-        # where it held, its table's `_CATALOG_SQL` text: it may be carried to a later
-        # snapshot where that is the same)
-        self._checks: dict[str, tuple[str, tuple[object, ...] | None, float, str | None]] = {}
+        self._checks: dict[str, _CheckRead] = {}  # by the check's SQL
         self._checks_lock = threading.Lock()
         self.bounding = BoundingCounts()
         self.recheck_s = RECHECK_S
@@ -256,6 +266,10 @@ class PostgresBackend:
             kwargs["password"] = password
         if passfile is not None:
             kwargs["passfile"] = passfile
+        # the latest catalog, read after an unbounded statement (`_catalog_now`)
+        self._dsn, self._kwargs = dsn, kwargs
+        self._reader: psycopg.Connection[Any] | None = None
+        self._reader_lock = threading.Lock()
         self._pool = ConnectionPool(dsn, kwargs=kwargs, configure=self._configure,
                                     min_size=POOL_MIN_SIZE, max_size=max_size, open=False,
                                     name="dpproxy-backend")
@@ -316,18 +330,30 @@ class PostgresBackend:
                 if unbounded is None:
                     return _run(cursor, sql, parameters)
                 try:
-                    observed = self._observed(conn, cursor, unbounded.check)
+                    observed, catalog = self._observed(conn, cursor, unbounded.check)
                     plain = unbounded.sql_for(observed)
-                    if plain is not None:
-                        sql, parameters = plain, unbounded.parameters(parameters)
-                        self.bounding.skipped += 1
-                    elif (excess := unbounded.excess_for(observed)) is not None:
-                        # in the check's snapshot, as the check and the query share one
-                        # transaction (or an equal snapshot)
-                        sql, parameters = excess
-                        self.bounding.excess += 1
-                    else:
-                        self.bounding.enforced += 1
+                    # the excess form runs in the check's snapshot, as the check and the
+                    # query share one transaction (or an equal snapshot)
+                    shortcut = (plain, unbounded.parameters(parameters)) \
+                        if plain is not None else unbounded.excess_for(observed)
+                    if shortcut is not None:
+                        rows = _run(cursor, *shortcut)
+                        # PostgreSQL reads a statement's names, columns and enum labels
+                        # from the latest catalog as it parses it, not from the snapshot:
+                        # a change that waits for no lock on the table (an enum label
+                        # renamed, a relation of that name made earlier on the search
+                        # path) could make it read other than the check did. Any such
+                        # change committed before it was parsed shows in the latest
+                        # catalog now; a relation it read cannot change back while this
+                        # transaction holds it, and a label changed back has a new xmin.
+                        if catalog is not None and self._catalog_now(unbounded.check) == catalog:
+                            if plain is not None:
+                                self.bounding.skipped += 1
+                            else:
+                                self.bounding.excess += 1
+                            return rows
+                        self.bounding.recomputed += 1
+                    self.bounding.enforced += 1
                     return _run(cursor, sql, parameters)
                 finally:
                     # read-only: ending it either way changes nothing; a failed one must
@@ -345,34 +371,52 @@ class PostgresBackend:
                 hint="the backend's message is withheld because it may quote private data",
             ) from None
 
+    def _catalog_now(self, check: BoundCheck) -> str | None:
+        """The check's table's `_CATALOG_SQL` text in the latest catalog: read on a
+        connection of its own, outside the query's snapshot (a SELECT from pg_enum in it
+        would not see a label renamed since); None where it cannot be read."""
+        with self._reader_lock:
+            try:
+                if self._reader is None or self._reader.closed:
+                    self._reader = psycopg.connect(self._dsn, autocommit=True, **self._kwargs)
+                with self._reader.cursor() as cursor:
+                    return _catalog(self._reader, cursor, check)
+            except psycopg.Error:
+                if self._reader is not None:
+                    self._reader.close()
+                self._reader = None
+                return None
+
     def _observed(self, conn: psycopg.Connection[Any], cursor: psycopg.Cursor[Any],
-                  check: BoundCheck) -> tuple[object, ...] | None:
+                  check: BoundCheck) -> tuple[tuple[object, ...] | None, str | None]:
         """What `check` reads in this transaction's snapshot (None: not verified): known
         for an equal snapshot, or carried from an earlier one where the check held and the
         units with a row version since are within the bounds (`_carried`), else read now
-        (in a savepoint, at most every `recheck_s` per check). Opens the transaction the
-        caller's query runs in."""
+        (in a savepoint, at most every `recheck_s` per check); and, where it holds, the
+        table's `_CATALOG_SQL` text it holds for. Opens the transaction the caller's query
+        runs in."""
         snapshot = self._lock_then_begin(conn, cursor, check)
         if snapshot is None:
-            return None  # not a table to verify: bound, in a transaction as any query
+            return None, None  # not a table to verify: bound, in a transaction as any query
         now = time.monotonic()
         with self._checks_lock:
             known = self._checks.get(check.sql)
-        if known is not None and known[0] == snapshot:
-            return known[1]
-        if known is not None and known[3] is not None and CARRY_CHECKS:
-            carried = self._carried(conn, cursor, check, known[0], snapshot, known[1],
-                                    known[3])
+        if known is not None and known.snapshot == snapshot:
+            return known.observed, known.catalog
+        if known is not None and known.carries and CARRY_CHECKS:
+            assert known.catalog is not None
+            carried = self._carried(conn, cursor, check, known.snapshot, snapshot,
+                                    known.observed, known.catalog)
             with self._checks_lock:
                 # either way a later snapshot starts from here: carried to this one, or
                 # not carried again until it is read anew
-                self._checks[check.sql] = (snapshot, carried, *known[2:]) \
-                    if carried is not None else (*known[:3], None)
+                self._checks[check.sql] = replace(known, snapshot=snapshot, observed=carried) \
+                    if carried is not None else replace(known, carries=False)
                 self.bounding.carried += carried is not None
             if carried is not None:
-                return carried
-        if known is not None and now - known[2] < self.recheck_s:
-            return None
+                return carried, known.catalog
+        if known is not None and now - known.read_at < self.recheck_s:
+            return None, None
         observed: tuple[object, ...] | None = None  # None: not verified, bound as always
         # read first: only a plain table's rows are what the check and the unbounded
         # statement read (both `FROM ONLY`), so anything else is never verified
@@ -385,10 +429,10 @@ class PostgresBackend:
             except psycopg.Error:  # e.g. too slow to verify within the timeout
                 pass
         with self._checks_lock:
-            self._checks[check.sql] = (snapshot, observed, now,
-                                       catalog if check.holds(observed) else None)
+            self._checks[check.sql] = _CheckRead(snapshot, observed, now, catalog,
+                                                 catalog is not None and check.holds(observed))
             self.bounding.checks += catalog is not None
-        return observed
+        return observed, catalog
 
     @staticmethod
     def _lock_then_begin(conn: psycopg.Connection[Any], cursor: psycopg.Cursor[Any],
@@ -486,4 +530,7 @@ class PostgresBackend:
         return hashlib.sha256(repr(row).encode()).hexdigest()[:32]
 
     def close(self) -> None:
+        with self._reader_lock:
+            if self._reader is not None:
+                self._reader.close()
         self._pool.close()

@@ -251,14 +251,15 @@ def parse_statements(sql: str, params: Parameters = None, *, bind: bool = True
     clock = now() if any(clocked) else None
     out: list[Statement] = []
     for s, reads in zip(unbound, clocked, strict=True):
+        mine = _parameters_of(s, params, len(unbound))
         if s.value_template is not None:
-            bound_value = bind_parameters(s.value_template, params, copy=True)
+            bound_value = bind_parameters(s.value_template, mine, copy=True)
             out.append(replace(s, value=_literal_value(bound_value), value_template=None))
             continue
         if s.ast is None:
             out.append(s)
             continue
-        s = replace(s, ast=None, template=s.ast, params=params, clock=clock if reads else None)
+        s = replace(s, ast=None, template=s.ast, params=mine, clock=clock if reads else None)
         out.append(s if not bind and s.kind == "select" else replace(s, ast=bind_statement(s)))
     return out
 
@@ -309,12 +310,34 @@ def _parse_unbound(sql: str, params: Parameters) -> tuple[Statement, ...]:
             if exc.position is not None:
                 exc.position += offset  # relative to the whole string, as PostgreSQL does
             raise
+        if _has_placeholders(statement) and any(map(_has_placeholders, statements)):
+            # each would take the parameters from the first (`SET dpproxy.epsilon = %s;
+            # SELECT … WHERE age > %s` with [3] set ε = 3 and filtered age > 3)
+            raise NotSupportedError("parameters in more than one statement of a string are "
+                                    "not supported", hint="send the SET on its own, then "
+                                                          "the query")
         # a binding error comes before a later syntax error
         for tree in (statement.ast, statement.value_template):
             if tree is not None:
-                bind_parameters(tree, params, copy=True)
+                bind_parameters(tree, _parameters_of(statement, params, len(pieces)),
+                                copy=True)
         statements.append(statement)
+    if params and len(statements) > 1 and not any(map(_has_placeholders, statements)):
+        raise ProgrammingError(f"the statements have no placeholders but {len(params)} "
+                               "parameters were given")
     return tuple(statements)
+
+
+def _has_placeholders(statement: Statement) -> bool:
+    return any(tree is not None and placeholder_count(tree) > 0
+               for tree in (statement.ast, statement.value_template))
+
+
+def _parameters_of(statement: Statement, params: Parameters, statements: int) -> Parameters:
+    """The parameters a statement of a string of `statements` binds: all of them for a
+    statement alone or the one with placeholders (at most one has any), none for the
+    others."""
+    return params if statements == 1 or _has_placeholders(statement) else None
 
 
 def _word(tokens: Sequence[Token], i: int) -> str:

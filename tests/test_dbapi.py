@@ -440,6 +440,14 @@ def test_set_option_from_a_parameter(conn: dpproxy.Connection) -> None:
         conn.execute("SET dpproxy.epsilon = %s", ["lots"])
     assert info.value.sqlstate == "22023"
     assert conn.execute("SHOW dpproxy.epsilon").fetchone() == ("0.5",)
+    # in a string with a query, the parameters are the statement's that has placeholders;
+    # two such statements are refused (each took the first's: ε = 3 and age > 3)
+    conn.execute("SET dpproxy.epsilon = %s; SELECT COUNT(*) FROM adult", [0.25])
+    assert conn.execute("SHOW dpproxy.epsilon").fetchone() == ("0.25",)
+    with pytest.raises(dpproxy.NotSupportedError):
+        conn.execute("SET dpproxy.epsilon = %s; SELECT COUNT(*) FROM adult WHERE age > %s",
+                     [3])
+    assert conn.execute("SHOW dpproxy.epsilon").fetchone() == ("0.25",)
 
 @pytest.mark.parametrize("options", [
     {"epsilon": -1}, {"epsilon": 0}, {"epsilon": "lots"}, {"epsilon": float("nan")},

@@ -89,6 +89,7 @@ __all__ = ["MAX_BINS", "Binning", "QuantileSpec", "binning_for", "decode_histogr
 # below the mechanism's own error at usual ε, small enough to sample in microseconds.
 MAX_BINS = 1024
 _RATE_BITS = 48  # significant bits kept when the sampling rate a becomes a fraction
+_MIN_RATE = 1e-300  # below it a rate is refused (QuantileSpec)
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,13 @@ class QuantileSpec:
             raise InvalidParameterValue(f"epsilon must be > 0, got {self.epsilon}")
         if self.max_groups < 1 or self.max_rows < 1:
             raise InvalidParameterValue("contribution bounds must be >= 1")
+        if float(self.rate) < _MIN_RATE:
+            # a subnormal ε: its rate rounds to 0 (1/rate, the scale reported, failed after
+            # the charge), and any rate this small draws every bin alike
+            raise InvalidParameterValue(
+                f"ε = {self.epsilon:g} is too small for the exponential mechanism: every "
+                "candidate would be about equally likely",
+                hint="give the query (or this aggregate's share of the split) a larger ε")
 
     @property
     def utility_sensitivity(self) -> int:

@@ -443,6 +443,17 @@ def test_budget_charged_is_the_plan_cost_and_explain_is_free(make_policy: Policy
         assert again.rows == result.rows and session.remaining() == after
 
 
+def test_a_subnormal_epsilon_is_refused_before_the_charge(engine: Engine) -> None:
+    """ε = 5e-324 made the sampling rate round to 0: the quantile was charged, then its
+    release failed (1 / rate) with an internal error. Refused while planning (22023)."""
+    session = engine.session("alice", epsilon=5e-324)
+    for sql in ("SELECT MEDIAN(age) FROM adult",
+                "SELECT MODE() WITHIN GROUP (ORDER BY sex) FROM adult"):
+        with pytest.raises(InvalidParameterValue, match="too small"):
+            session.execute(sql)
+    assert engine.ledger.history() == []
+
+
 @BOTH
 def test_empty_group_gets_a_value_from_no_data(make_policy: PolicyFactory) -> None:
     """A public key without rows still gets a quantile: drawn uniformly over the bins (all

@@ -88,7 +88,9 @@ def _normalize_key(value: object, key: GroupKey) -> object:
     if isinstance(value, dt.date):
         return value.isoformat()
     if key.column.type == "float" and value is not None:
-        return float(value)  # type: ignore[arg-type]
+        # + 0.0: -0.0 is 0.0 (both backends group them as one, keyed by either spelling,
+        # which one row decides)
+        return float(value) + 0.0  # type: ignore[arg-type]
     if key.column.type == "int" and isinstance(value, float):
         # an int column grouped as a double (`rewrite.released_key`): whole ones are ints
         return normalize_key(value, "int")

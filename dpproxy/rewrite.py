@@ -771,6 +771,8 @@ def released_key(value: exp.Expression, key: GroupKey, table: TablePolicy, diale
     `_released_date`)."""
     if key.column.type == "date":
         return _released_date(value)
+    if key.column.type == "text" and dialect == "postgres":
+        return _released_text(value)
     if key.column.type not in ("int", "float"):
         return value
     if key.expression is None:
@@ -782,6 +784,17 @@ def released_key(value: exp.Expression, key: GroupKey, table: TablePolicy, diale
         # the cast costs nothing then, and keeps the key a double if a new construct is not
         return exp.cast(value, _DOUBLE)
     return _double_postgres(value)
+
+
+def _released_text(value: exp.Expression) -> exp.Expression:
+    """A text key as it is released on PostgreSQL: its text, grouped byte by byte. A citext
+    column or one with a nondeterministic collation groups 'Foo' and 'foo' as one, and the
+    group's key is whichever row PostgreSQL reads first: one unit's spelling decided
+    whether a crowd's group matched its public value (a count of 0 or 501) and was the
+    private key released. char(n) keys come padded, and json, interval or array values
+    load as other Python values: as text they compare with the public values."""
+    return exp.Collate(this=exp.cast(value, exp.DataType.build("TEXT")),
+                       expression=exp.to_identifier("C", quoted=True))
 
 
 _FIRST_RELEASED_DATE = date_literal("0001-01-01")

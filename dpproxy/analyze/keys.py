@@ -69,7 +69,8 @@ def normalize_key(value: Any, column_type: str) -> Any:
         number = float(value)
         return int(number) if math.isfinite(number) and number.is_integer() else number
     if column_type == "float" and isinstance(value, int | float | Decimal):
-        return float(value)
+        # + 0.0: -0.0 is 0.0 (both backends group them as one, keyed by either spelling)
+        return float(value) + 0.0
     return value
 
 

@@ -1,0 +1,119 @@
+"""Group keys of PostgreSQL column types whose values the backend compares otherwise than
+their text: a nondeterministic collation (as citext) groups 'Foo' with 'foo', char(n)
+pads, jsonb loads as Python objects, -0 and 0 are one group. A key is released as the
+text (or number) of its own group, never a spelling one row decides; a review measured
+one unit moving a public key's count from 0 to 501."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from dpproxy.session import Engine
+from tests.pg import scratch_database
+
+EPSILON = 1e6  # noise far below 1: the released counts are the exact ones
+
+POLICY = """
+[backend]
+kind = "postgres"
+dsn = "DSN"
+
+[ledger]
+path = "keys.ledger.sqlite"
+
+[tables.t]
+privacy_unit = "pid"
+max_rows_per_unit = 1
+max_groups_per_unit = 1
+
+[tables.t.columns]
+pid = { type = "int", nullable = false }
+name = { type = "text", public_values = ["foo", "bar"] }
+secret = { type = "text" }
+ch = { type = "text", public_values = ["c0", "c1"] }
+js = { type = "text" }
+f = { type = "float" }
+
+[analysts.a]
+budget = { epsilon = 1e12, delta = 0.5 }
+tables = ["t"]
+"""
+
+
+@pytest.fixture
+def database(pg_dsn: str) -> Iterator[str]:
+    with scratch_database(pg_dsn) as dsn:
+        with psycopg.connect(dsn, autocommit=True) as con:
+            con.execute("CREATE COLLATION nocase (provider = icu, "
+                        "locale = 'und-u-ks-level2', deterministic = false)")
+            con.execute("CREATE TABLE t (pid INTEGER NOT NULL, name TEXT COLLATE nocase, "
+                        "secret TEXT COLLATE nocase, ch CHAR(5), js JSONB, "
+                        "f DOUBLE PRECISION)")
+        yield dsn
+
+
+def answers(dsn: str, tmp_path: Path, rows: list[tuple[object, ...]], sql: str
+            ) -> list[tuple[object, ...]]:
+    """The released rows of `sql` at ε = 1e6 on a table holding `rows`."""
+    with psycopg.connect(dsn, autocommit=True) as con:
+        con.execute("TRUNCATE t")
+        with con.cursor() as cur:
+            cur.executemany("INSERT INTO t VALUES (%s, %s, %s, %s, %s, %s)", rows)
+    policy = tmp_path / "keys.toml"
+    policy.write_text(POLICY.replace("DSN", dsn))
+    (tmp_path / "keys.ledger.sqlite").unlink(missing_ok=True)  # no cached answers
+    with Engine.from_path(policy) as engine:
+        return [tuple(r) for r in engine.session("a", epsilon=EPSILON).execute(sql).rows]
+
+
+def crowd(spelling: str) -> list[tuple[object, ...]]:
+    return [(pid, spelling, spelling.upper(), "c0", '"plain"', 0.0) for pid in range(1, 501)]
+
+
+def test_a_case_insensitive_key_is_grouped_by_its_own_spelling(database: str,
+                                                               tmp_path: Path) -> None:
+    """500 people spelled 'Foo' and one spelled 'foo', read first: PostgreSQL made them one
+    group keyed 'foo' (501 for the public value 'foo', where without that person it was
+    0) and released that person's spelling 'SECRET' of the private key. Grouped byte by
+    byte, the one person moves the count of 'foo' by 1, and 'SECRET', a group of one, is
+    not selected."""
+    public = "SELECT name, COUNT(*) FROM t GROUP BY name ORDER BY name"
+    private = "SELECT secret, COUNT(*) FROM t GROUP BY secret"
+    without = answers(database, tmp_path, crowd("Foo"), public)
+    one = (0, "foo", "SECRET", "c0", '"plain"', 0.0)
+    with_one = answers(database, tmp_path, [one, *crowd("Foo")], public)
+    assert without == [("bar", 0), ("foo", 0)] and with_one == [("bar", 0), ("foo", 1)]
+    assert answers(database, tmp_path, [one, *crowd("Foo")], private) == [("FOO", 500)]
+
+
+def test_char_keys_match_their_public_values(database: str, tmp_path: Path) -> None:
+    """char(5) values come padded ('c0   '): they matched no public value, and every
+    count was released as 0."""
+    rows = [(pid, "foo", "x", f"c{pid % 2}", '"plain"', 1.0) for pid in range(1, 101)]
+    assert answers(database, tmp_path, rows, "SELECT ch, COUNT(*) FROM t GROUP BY ch "
+                                             "ORDER BY ch") == [("c0", 50), ("c1", 50)]
+
+
+def test_a_json_key_is_released_as_its_text(database: str, tmp_path: Path) -> None:
+    """A jsonb object loads as a dict, which cannot key a group: the query was charged,
+    then failed, where a neighbour without that row answered."""
+    rows = [*crowd("foo"), *[(pid, "foo", "x", "c0", '{"x": 1}', 0.0)
+                             for pid in range(600, 700)]]
+    got = answers(database, tmp_path, rows, "SELECT js, COUNT(*) FROM t GROUP BY js "
+                                            "ORDER BY js")
+    assert got == [('"plain"', 500), ('{"x": 1}', 100)]
+
+
+@pytest.mark.parametrize("first", [-0.0, 0.0])
+def test_minus_zero_is_released_as_zero(database: str, tmp_path: Path, first: float) -> None:
+    """-0 and 0 are one group, keyed by whichever row PostgreSQL reads first: the key
+    released is 0.0 either way."""
+    rows = [(0, "foo", "x", "c0", '"plain"', first), *crowd("foo")]
+    ((key, count),) = answers(database, tmp_path, rows, "SELECT f, COUNT(*) FROM t "
+                                                       "GROUP BY f")
+    assert key == 0.0 and math.copysign(1.0, key) == 1.0 and count == 501

@@ -117,3 +117,50 @@ def test_minus_zero_is_released_as_zero(database: str, tmp_path: Path, first: fl
     ((key, count),) = answers(database, tmp_path, rows, "SELECT f, COUNT(*) FROM t "
                                                        "GROUP BY f")
     assert key == 0.0 and math.copysign(1.0, key) == 1.0 and count == 501
+
+
+MISMATCHED = """
+[backend]
+kind = "postgres"
+dsn = "DSN"
+
+[ledger]
+path = "mismatch.ledger.sqlite"
+
+[tables.m]
+privacy_unit = "pid"
+
+[tables.m.columns]
+pid = { type = "int", nullable = false }
+age = { type = "int", lower = 0, upper = 100 }
+day = { type = "date", lower = "2024-01-01", upper = "2024-12-31" }
+g = { type = "text", public_values = ["a", "b"] }
+
+[analysts.a]
+budget = { epsilon = 10.0 }
+tables = ["m"]
+"""
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT SUM(age) FROM m WHERE g = 'b'", "SELECT g, AVG(age + 1) FROM m GROUP BY g",
+    "SELECT COUNT(*) FROM m WHERE day > DATE '2024-02-01'", "SELECT MIN(day) FROM m"])
+def test_a_text_column_declared_a_number_or_date_is_refused_uncharged(
+        pg_dsn: str, tmp_path: Path, sql: str) -> None:
+    """Each value was cast per row: one row reading 'unknown' made the query fail after
+    the charge, and only where that row was read (whether it failed told whether such a
+    row exists). Such a column is refused before the charge, whatever the data."""
+    from dpproxy import errors
+
+    with scratch_database(pg_dsn) as dsn:
+        with psycopg.connect(dsn, autocommit=True) as con:
+            con.execute("CREATE TABLE m (pid INTEGER NOT NULL, age TEXT, day VARCHAR(10), "
+                        "g TEXT)")
+            con.execute("INSERT INTO m VALUES (1, '30', '2024-03-01', 'a'), "
+                        "(2, 'unknown', 'n/a', 'b')")
+        policy = tmp_path / "m.toml"
+        policy.write_text(MISMATCHED.replace("DSN", dsn))
+        with Engine.from_path(policy) as engine:
+            with pytest.raises(errors.DatatypeMismatch, match="stored as"):
+                engine.session("a", epsilon=0.5).execute(sql)
+            assert engine.ledger.history() == []

@@ -282,9 +282,31 @@ def make_resolver(table_name: str, alias: str | None, columns: Mapping[str, Colu
             raise UndefinedColumn(
                 f"column {node.name!r} of table {table_name} is in the policy but not in "
                 "the database", hint="ask the data owner to fix the policy")
+        if policy.type in ("int", "float", "date") and stores_text(policy.storage):
+            # each value would be cast per row, and a row that is no number (or date)
+            # would fail the query: whether it did would tell that such a row exists
+            raise DatatypeMismatch(
+                f"column {node.name!r} of table {table_name} is declared {policy.type} in "
+                f"the policy but stored as {policy.storage}",
+                hint="ask the data owner to declare it text, or to store it as "
+                     f"{'a date' if policy.type == 'date' else 'a number'}")
         return policy
 
     return resolve
+
+
+def stores_text(storage: str | None) -> bool:
+    """Whether a column's database type (`ColumnPolicy.storage`, as either backend names
+    it) holds text, or values read as text (json, uuid, bytes).
+
+    >>> stores_text("character varying(20)"), stores_text("varchar"), stores_text("bigint")
+    (True, True, False)
+    """
+    if not storage:
+        return False
+    name = storage.lower()
+    return name.startswith(("character", "varchar", "char(", "text", "citext", "json",
+                            "uuid", "bytea", "blob", "xml", "bpchar", "name"))
 
 
 _V = TypeVar("_V")

@@ -158,7 +158,10 @@ def _total_node(old: exp.Expression, new: exp.Expression, table: TablePolicy, ty
         column = table.column(new.name)
         assert column is not None, "the analyzer resolved every column"
         bare = exp.column(column.name, quoted=True)
-        return _numeric(bare) if column.type in ("int", "float") else bare
+        if column.type not in ("int", "float"):
+            return bare
+        return _within_column_digits(_numeric(bare)) if _wide_numeric(column.storage) \
+            else _numeric(bare)
     if isinstance(new, exp.Literal) and not new.is_string:
         # NUMERIC, not int4: CASE WHEN … THEN 2147483647 END * 2 cannot overflow. Kept:
         # ROUND's digits and the days of date ± n, which PostgreSQL wants as integers.
@@ -234,6 +237,35 @@ def _plain_number(node: exp.Expression, typed: Typer) -> bool:
 
 def _numeric(node: exp.Expression) -> exp.Expression:
     return exp.cast(node, _NUMERIC.copy())
+
+
+def _wide_numeric(storage: str | None) -> bool:
+    """Whether a column of this type may hold numbers of _COLUMN_DIGITS digits or more
+    before the point: NUMERIC without a precision (up to 10^131072), or with more digits.
+
+    >>> _wide_numeric("numeric"), _wide_numeric("numeric(10,2)"), _wide_numeric("bigint")
+    (True, False, False)
+    """
+    name = (storage or "").replace(" ", "").lower()
+    if name == "numeric":
+        return True
+    if not name.startswith("numeric("):
+        return False
+    precision, _, scale = name.removeprefix("numeric(").rstrip(")").partition(",")
+    return int(precision) - int(scale or 0) >= _COLUMN_DIGITS[0]
+
+
+def _within_column_digits(value: exp.Expression) -> exp.Expression:
+    """A wide NUMERIC column's value held within ±(10^400 − 1), as check_magnitude reads
+    every column: 1e70000 squared overflowed NUMERIC on that one row, after the charge.
+    NULL stays NULL, NaN becomes the upper end (as every clamp reads it)."""
+    limit = exp.Literal.number("9" * _COLUMN_DIGITS[0])
+    negative = exp.Neg(this=limit.copy())
+    return exp.Case(ifs=[exp.If(this=exp.GT(this=value.copy(), expression=limit.copy()),
+                                true=limit.copy()),
+                         exp.If(this=exp.LT(this=value.copy(), expression=negative.copy()),
+                                true=negative.copy())],
+                    default=value.copy())
 
 
 def _nonzero(divisor: exp.Expression) -> exp.Expression:

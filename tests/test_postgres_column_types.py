@@ -1,8 +1,11 @@
-"""Group keys of PostgreSQL column types whose values the backend compares otherwise than
-their text: a nondeterministic collation (as citext) groups 'Foo' with 'foo', char(n)
-pads, jsonb loads as Python objects, -0 and 0 are one group. A key is released as the
-text (or number) of its own group, never a spelling one row decides; a review measured
-one unit moving a public key's count from 0 to 501."""
+"""PostgreSQL column types beyond the demo's, as a review of real tables found them.
+
+Group keys whose values the backend compares otherwise than their text: a
+nondeterministic collation (as citext) groups 'Foo' with 'foo', char(n) pads, jsonb loads
+as Python objects, -0 and 0 are one group. A key is released as the text (or number) of
+its own group, never a spelling one row decides (one unit moved a public key's count from
+0 to 501). Columns whose values one row could make fail the query after the charge: text
+declared a number or date, NUMERIC without a precision."""
 
 from __future__ import annotations
 
@@ -164,3 +167,20 @@ def test_a_text_column_declared_a_number_or_date_is_refused_uncharged(
             with pytest.raises(errors.DatatypeMismatch, match="stored as"):
                 engine.session("a", epsilon=0.5).execute(sql)
             assert engine.ledger.history() == []
+
+
+def test_a_huge_numeric_value_fails_no_query(pg_dsn: str, tmp_path: Path) -> None:
+    """NUMERIC without a precision holds up to 10^131072: n * n (a sum of squares, or
+    written) overflowed NUMERIC on a row holding 1e70000, after the charge. A wide
+    NUMERIC column is read within ±10^400, as every bound on digits assumes."""
+    with scratch_database(pg_dsn) as dsn:
+        with psycopg.connect(dsn, autocommit=True) as con:
+            con.execute("CREATE TABLE m (pid INTEGER NOT NULL, age NUMERIC, day DATE, g TEXT)")
+            con.execute("INSERT INTO m SELECT i, i % 7, NULL, 'a' FROM generate_series(1, 50) i")
+            con.execute("INSERT INTO m VALUES (0, 1e70000, NULL, 'b')")
+        policy = tmp_path / "m.toml"
+        policy.write_text(MISMATCHED.replace("DSN", dsn))
+        with Engine.from_path(policy) as engine:
+            session = engine.session("a", epsilon=0.5)
+            for sql in ("SELECT VAR_POP(age) FROM m", "SELECT g, SUM(age * age) FROM m GROUP BY g"):
+                assert session.execute(sql).rows

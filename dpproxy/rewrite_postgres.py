@@ -215,8 +215,9 @@ def _total_node(old: exp.Expression, new: exp.Expression, table: TablePolicy, ty
         # comparing numeric columns and number literals cannot raise (PostgreSQL widens
         # within its numeric types): no NUMERIC conversion of every row
         for arg in ("this", "expression"):
-            source = old.args[arg]  # a column's total form is CAST(bare column AS NUMERIC)
-            new.set(arg, new.args[arg].this if isinstance(source, exp.Column)
+            source = old.args[arg]
+            column = table.column(source.name) if isinstance(source, exp.Column) else None
+            new.set(arg, exp.column(column.name, quoted=True) if column is not None
                     else source.copy())
         return new
     if isinstance(new, exp.Floor | exp.Ceil) and new.args.get("decimals") is not None:

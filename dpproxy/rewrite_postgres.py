@@ -243,6 +243,7 @@ def _numeric(node: exp.Expression) -> exp.Expression:
 def _wide_numeric(storage: str | None) -> bool:
     """Whether a column of this type may hold numbers of _COLUMN_DIGITS digits or more
     before the point: NUMERIC without a precision (up to 10^131072), or with more digits.
+    (The engine reads types without their modifiers, so any NUMERIC column is "numeric".)
 
     >>> _wide_numeric("numeric"), _wide_numeric("numeric(10,2)"), _wide_numeric("bigint")
     (True, False, False)

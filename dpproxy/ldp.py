@@ -169,8 +169,9 @@ CREATE TABLE survey (
     person_id INTEGER PRIMARY KEY,
     sex VARCHAR NOT NULL,
     age INTEGER NOT NULL,
-    high_income BOOLEAN,        -- randomized response to "is your income above 50K?"
-    occupation BOOLEAN[]        -- unary encoding of occupation, one bit per domain value
+    -- every person reports (NOT NULL): public membership releases the reports exactly
+    high_income BOOLEAN NOT NULL,   -- randomized response to "is your income above 50K?"
+    occupation BOOLEAN[] NOT NULL   -- unary encoding of occupation, one bit per domain value
 );
 COMMENT ON TABLE survey IS 'Demo survey answered under local DP (dpproxy ldp demo)';
 """

@@ -71,6 +71,8 @@ class ColumnPolicy:
     # The database's type of the column, lowercase, as the engine read it on opening its
     # backend (`with_storage`); "" where the table has no such column; None: not read.
     storage: str | None = None
+    # The database holds no NULL in it (NOT NULL), as the engine read it (`with_storage`)
+    database_not_null: bool = False
     # Each row's value is public knowledge, as a survey roster's columns are (`public =
     # true`): read only where membership = "public" (`analyze.ldp.rows_are_public`). Not
     # implied by public_values or public_range, which publish the values, not who has which.
@@ -264,13 +266,15 @@ class Policy:
             ) from None
 
 
-def with_storage(policy: Policy, types: Mapping[tuple[str, str], str]) -> Policy:
+def with_storage(policy: Policy, types: Mapping[tuple[str, str], str],
+                 not_null: Collection[tuple[str, str]] = frozenset()) -> Policy:
     """The policy with each column's database type (`ColumnPolicy.storage`) from `types`,
     keyed by lowercase (table, column); a column absent from it gets "" (not in the
-    database)."""
+    database); those in `not_null` are NOT NULL there (`ColumnPolicy.database_not_null`)."""
     tables = {
         name: replace(table, columns={
-            c: replace(column, storage=types.get((name.lower(), c.lower()), ""))
+            c: replace(column, storage=types.get((name.lower(), c.lower()), ""),
+                       database_not_null=(name.lower(), c.lower()) in not_null)
             for c, column in table.columns.items()})
         for name, table in policy.tables.items()}
     return replace(policy, tables=tables)

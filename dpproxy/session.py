@@ -212,7 +212,9 @@ class Engine:
         # each column's type in the database: the rewrite groups keys by what is released
         # (`rewrite.released_key`), and a query naming what the database lacks is refused
         # before it is charged
-        self.policy = with_storage(policy, self.backend.column_types(list(policy.tables)))
+        tables = list(policy.tables)
+        self.policy = with_storage(policy, self.backend.column_types(tables),
+                                   self.backend.not_null_columns(tables))
         self.ledger = open_ledger(policy)
         self.audit = AuditLog(policy.audit_log_path)
         self._closed = False

@@ -61,6 +61,8 @@ def survey_database(demo_database: Path, tmp_path_factory: pytest.TempPathFactor
     out = duckdb.connect(str(path))
     out.register("reps", columns)
     out.execute("CREATE TABLE survey_reps AS SELECT * FROM reps")
+    for k in range(REPS):  # a report in every row: released exactly (public membership)
+        out.execute(f"ALTER TABLE survey_reps ALTER COLUMN r{k} SET NOT NULL")
     out.close()
     return path
 
@@ -309,6 +311,7 @@ def test_a_join_on_a_private_column_makes_rows_private(tmp_path: Path, sql: str,
     con.execute("CREATE TABLE survey AS SELECT range::INT AS pid, (range % 10)::INT AS band, "
                 "(30000 + 1000 * (range % 50))::INT AS salary, range % 3 = 0 AS hi "
                 "FROM range(1000)")
+    con.execute("ALTER TABLE survey ALTER COLUMN hi SET NOT NULL")
     con.execute("CREATE TABLE cut AS SELECT * FROM (VALUES (38000, 1, 'a'), (123456, 2, 'b'))"
                 " AS c(salary, band, label)")
     con.close()
@@ -325,23 +328,25 @@ def test_whether_a_person_reported_is_released_exactly_only_if_every_row_reports
         tmp_path: Path) -> None:
     """A NULL report is no randomized answer: under public membership a per-person
     `COUNT(hi)` was 0 with the interval [0, 0] for a person who did not answer, and wider
-    for one who did, exactly and free. Where the column may be NULL the report counts are
-    noised and charged; declared `nullable = false` they are the rows' count, public."""
-    database = tmp_path / "nulls.duckdb"
-    con = duckdb.connect(str(database))
-    con.execute("CREATE TABLE survey AS SELECT range::INT AS pid, (range % 10)::INT AS band, "
-                "1000::INT AS salary, CASE WHEN range = 7 THEN NULL ELSE range % 3 = 0 END "
-                "AS hi FROM range(1000)")
-    con.close()
-    nullable = JOINED.replace("DB", database.as_posix()).replace(
-        'hi = { type = "bool", nullable = false,', 'hi = { type = "bool",')
-    for text, exact in ((nullable, False), (JOINED.replace("DB", database.as_posix()), True)):
+    for one who did, exactly and free. Exact release needs the database to hold a report
+    in every row (the column NOT NULL); a policy's `nullable = false` alone is not
+    checked against the data, so a NULL there was still released exactly."""
+    for null_report, exact in ((True, False), (False, False), (False, True)):
+        database = tmp_path / f"nulls{null_report}{exact}.duckdb"
+        con = duckdb.connect(str(database))
+        con.execute("CREATE TABLE survey AS SELECT range::INT AS pid, (range % 10)::INT AS "
+                    "band, 1000::INT AS salary, CASE WHEN range = 7 AND " + str(null_report)
+                    + " THEN NULL ELSE range % 3 = 0 END AS hi FROM range(1000)")
+        if exact:
+            con.execute("ALTER TABLE survey ALTER COLUMN hi SET NOT NULL")
+        con.close()
         policy = tmp_path / "nulls.toml"
-        policy.write_text(text)
+        policy.write_text(JOINED.replace("DB", database.as_posix()))  # nullable = false
         with Engine.from_path(policy) as engine:
             result = engine.session("alice", epsilon=0.5).execute(
                 "SELECT COUNT(hi) FROM survey WHERE pid = 7")
             assert result.cost is not None and (result.cost.epsilon == 0) is exact
+
 
 # policy validation ---------------------------------------------------------------------------
 BASE = {

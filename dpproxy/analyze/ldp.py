@@ -120,7 +120,7 @@ def local_aggregate(node: exp.AggFunc, table: TablePolicy, resolve: Resolver,
     aggregate reads no such column. Any other use of one is refused. `public_rows`: the
     query's WHERE and GROUP BY read only public columns (`rows_are_public`), so with
     public membership which rows each group holds is public, and with a report in every
-    row (`nullable = false`) so is how many reports it holds: released exactly."""
+    row (NOT NULL in the database) so is how many reports it holds: released exactly."""
     columns = [resolve(c) for c in node.find_all(exp.Column)]
     local = [c for c in columns if c.ldp is not None]
     if not local:
@@ -136,9 +136,10 @@ def local_aggregate(node: exp.AggFunc, table: TablePolicy, resolve: Resolver,
             hint=f"ask for {_usage(column)}")
     assert column.ldp is not None
     # whether a person reported at all is no randomized answer: exact only where the
-    # column holds a report in every row (`nullable = false`), so that a group's report
-    # count is its public row count (`COUNT(col) WHERE person_id = 7` told whether 7 answered)
-    exact = table.membership == "public" and public_rows and not column.nullable
+    # database holds a report in every row (the column NOT NULL there: a declaration alone
+    # is not checked), so that a group's report count is its public row count
+    # (`COUNT(col) WHERE person_id = 7` told whether person 7 answered)
+    exact = table.membership == "public" and public_rows and column.database_not_null
     statistics = [Statistic("sum", bit, 0.0, 1.0, 0.0, True, exact),
                   Statistic("count", bit.copy(), exact=exact)]
     return local_rule(kind, column.ldp), statistics

@@ -47,6 +47,11 @@ class Backend(Protocol):
         (table, column); a table the database lacks has no entry."""
         ...
 
+    def not_null_columns(self, tables: Sequence[str]) -> set[tuple[str, str]]:
+        """The columns of these tables declared NOT NULL in the database, by lowercase
+        (table, column)."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -305,6 +305,16 @@ class DuckDBBackend:
             [list(tables)]).fetchall()
         return {(t, c): d for t, c, d in found}
 
+    def not_null_columns(self, tables: Sequence[str]) -> set[tuple[str, str]]:
+        """The columns of these tables declared NOT NULL, by lowercase (table, column)."""
+        found = self._cursor().execute(
+            "SELECT lower(table_name), lower(column_name) "
+            "FROM information_schema.columns WHERE table_schema = current_schema() "
+            "AND is_nullable = 'NO' "
+            "AND lower(table_name) IN (SELECT lower(UNNEST($1::VARCHAR[])))",
+            [list(tables)]).fetchall()
+        return {(t, c) for t, c in found}
+
     def data_version(self) -> str:
         """The file's size and modification time when opened: the data cannot change while
         the backend holds it open (see the module docstring), so it is read once."""

@@ -57,7 +57,7 @@ SELECT pg_postmaster_start_time()::text,
 """
 
 _COLUMN_TYPES_SQL = """
-SELECT t.name, a.attname, format_type(a.atttypid, NULL)
+SELECT t.name, a.attname, format_type(a.atttypid, NULL), a.attnotnull
   FROM unnest($1::text[]) AS t(name)
   JOIN pg_attribute a ON a.attrelid = to_regclass(quote_ident(t.name))
  WHERE a.attnum > 0 AND NOT a.attisdropped
@@ -507,13 +507,22 @@ class PostgresBackend:
     def column_types(self, tables: Sequence[str]) -> dict[tuple[str, str], str]:
         """The type of each column of these tables (as the data version finds them, on the
         search path), by lowercase (table, column)."""
+        return {(str(t).lower(), str(c).lower()): str(d)
+                for t, c, d, _ in self._columns(tables)}
+
+    def not_null_columns(self, tables: Sequence[str]) -> set[tuple[str, str]]:
+        """The columns of these tables declared NOT NULL, by lowercase (table, column)."""
+        return {(str(t).lower(), str(c).lower())
+                for t, c, _, not_null in self._columns(tables) if not_null}
+
+    def _columns(self, tables: Sequence[str]) -> list[tuple[object, ...]]:
         try:
             with self._pool.connection() as conn:
-                found = conn.execute(_COLUMN_TYPES_SQL, [list(tables)]).fetchall()
+                return [tuple(r) for r in conn.execute(_COLUMN_TYPES_SQL,
+                                                       [list(tables)]).fetchall()]
         except (psycopg.Error, PoolTimeout):
             raise BackendError(f"could not read the policy tables' columns from "
                                f"{self._server}") from None
-        return {(str(t).lower(), str(c).lower()): str(d) for t, c, d in found}
 
     def data_version(self) -> str:
         """Changes when a policy table may have changed: its row counters (inserts,

@@ -1,4 +1,4 @@
-"""PostgreSQL column types beyond the demo's, as a review of real tables found them.
+"""Column types beyond the demo's, as a review of real PostgreSQL tables found them.
 
 Group keys whose values the backend compares otherwise than their text: a
 nondeterministic collation (as citext) groups 'Foo' with 'foo', char(n) pads, jsonb loads
@@ -184,3 +184,29 @@ def test_a_huge_numeric_value_fails_no_query(pg_dsn: str, tmp_path: Path) -> Non
             session = engine.session("a", epsilon=0.5)
             for sql in ("SELECT VAR_POP(age) FROM m", "SELECT g, SUM(age * age) FROM m GROUP BY g"):
                 assert session.execute(sql).rows
+
+
+def test_a_list_or_struct_key_is_released_as_its_text(tmp_path: Path) -> None:
+    """DuckDB: a list or struct column declared text loads as a Python list or dict,
+    which cannot key a group: the query was charged, then failed."""
+    import duckdb
+
+    database = tmp_path / "l.duckdb"
+    con = duckdb.connect(str(database))
+    con.execute("CREATE TABLE t (pid INTEGER, tags INTEGER[], st STRUCT(a INTEGER))")
+    con.execute("INSERT INTO t SELECT i, [i % 2], {'a': i % 3} FROM range(200) r(i)")
+    con.close()
+    policy = tmp_path / "l.toml"
+    policy.write_text(f'[backend]\nkind = "duckdb"\npath = "{database.as_posix()}"\n'
+                      '[tables.t]\nprivacy_unit = "pid"\n[tables.t.columns]\n'
+                      'pid = { type = "int" }\ntags = { type = "text" }\n'
+                      'st = { type = "text" }\n[analysts.a]\n'
+                      'budget = { epsilon = 1e9, delta = 0.5 }\ntables = ["t"]\n')
+    with Engine.from_path(policy) as engine:
+        session = engine.session("a", epsilon=EPSILON)
+        assert [tuple(r) for r in session.execute(
+            "SELECT tags, COUNT(*) FROM t GROUP BY tags ORDER BY tags").rows] \
+            == [("[0]", 100), ("[1]", 100)]
+        assert [tuple(r) for r in session.execute(
+            "SELECT st, COUNT(*) FROM t GROUP BY st ORDER BY st").rows] \
+            == [("{'a': 0}", 67), ("{'a': 1}", 67), ("{'a': 2}", 66)]

@@ -392,9 +392,9 @@ class PostgresBackend:
         """What `check` reads in this transaction's snapshot (None: not verified): known
         for an equal snapshot, or carried from an earlier one where the check held and the
         units with a row version since are within the bounds (`_carried`), else read now
-        (in a savepoint, at most every `recheck_s` per check); and, where it holds, the
-        table's `_CATALOG_SQL` text it holds for. Opens the transaction the caller's query
-        runs in."""
+        (in a savepoint, at most every `recheck_s` per check); and the table's
+        `_CATALOG_SQL` text it was read with (None: not a table whose bounds are
+        verified). Opens the transaction the caller's query runs in."""
         snapshot = self._lock_then_begin(conn, cursor, check)
         if snapshot is None:
             return None, None  # not a table to verify: bound, in a transaction as any query

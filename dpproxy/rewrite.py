@@ -771,15 +771,8 @@ def released_key(value: exp.Expression, key: GroupKey, table: TablePolicy, diale
     `_released_date`)."""
     if key.column.type == "date":
         return _released_date(value)
-    if key.column.type == "text" and dialect == "postgres":
-        return _released_text(value)
-    if key.column.type == "text" and key.expression is None:
-        # DuckDB: a list, struct or JSON column declared text loads as a Python list or
-        # dict, which cannot key a group (the query failed after the charge)
-        column = table.column(key.column.name)
-        if column is not None and column.storage and column.storage != "varchar":
-            return exp.cast(value, exp.DataType.build("VARCHAR"))
-        return value
+    if key.column.type == "text":
+        return _released_text(value, key, table, dialect)
     if key.column.type not in ("int", "float"):
         return value
     if key.expression is None:
@@ -793,15 +786,24 @@ def released_key(value: exp.Expression, key: GroupKey, table: TablePolicy, diale
     return _double_postgres(value)
 
 
-def _released_text(value: exp.Expression) -> exp.Expression:
-    """A text key as it is released on PostgreSQL: its text, grouped byte by byte. A citext
-    column or one with a nondeterministic collation groups 'Foo' and 'foo' as one, and the
-    group's key is whichever row PostgreSQL reads first: one unit's spelling decided
-    whether a crowd's group matched its public value (a count of 0 or 501) and was the
-    private key released. char(n) keys come padded, and json, interval or array values
-    load as other Python values: as text they compare with the public values."""
-    return exp.Collate(this=exp.cast(value, exp.DataType.build("TEXT")),
-                       expression=exp.to_identifier("C", quoted=True))
+def _released_text(value: exp.Expression, key: GroupKey, table: TablePolicy, dialect: str
+                   ) -> exp.Expression:
+    """A text key as it is released: its text, grouped byte by byte. A column with a
+    case-insensitive collation (DuckDB's NOCASE, PostgreSQL's citext or a nondeterministic
+    collation) groups 'Foo' and 'foo' as one, and the group's key is whichever row the
+    backend reads first: one unit's spelling decided whether a crowd's group matched its
+    public value (a count of 0 or 501) and was the private key released. On PostgreSQL
+    char(n) keys come padded, and json, interval or array values (DuckDB: lists,
+    structs, JSON) load as other Python values: as text they compare with the public
+    values."""
+    if dialect == "postgres":
+        return exp.Collate(this=exp.cast(value, exp.DataType.build("TEXT")),
+                           expression=exp.to_identifier("C", quoted=True))
+    column = table.column(key.column.name) if key.expression is None else None
+    if column is not None and column.storage and column.storage != "varchar":
+        value = exp.cast(value, exp.DataType.build("VARCHAR"))
+    # DuckDB keeps a column's collation through a cast; `c` compares bytes
+    return exp.Collate(this=value, expression=exp.to_identifier("c"))
 
 
 _FIRST_RELEASED_DATE = date_literal("0001-01-01")
@@ -1090,8 +1092,12 @@ def _bounded_pairs(plan: QueryPlan, dialect: str, source: exp.Expression,
         elif statistic.unit_total:
             kept = _clamped_total(value, limit, statistic)
         else:
+            # an integer sum (fixed point, or whole values) stays one: exact over pairs
             kept = _bounded_sum(value, limit, statistic.integer_valued,
-                                statistic.fixed_point_bits is not None)
+                                statistic.fixed_point_bits is not None
+                                or (statistic.integer_valued
+                                    and float(statistic.center).is_integer()
+                                    and limit * statistic.row_contribution < 2**62))
         items.append(exp.alias_(kept, name))
     pairs: exp.Expression = exp.select(*items, copy=False).from_(rows, copy=False).group_by(
         *(k.copy() for k in group_keys), copy=False)
@@ -1148,7 +1154,7 @@ def _row_extreme(statistic: Statistic, side: int) -> int | float:
 
 
 def _bounded_sum(value: exp.Expression, limit: int, integer_valued: bool,
-                 fixed_point: bool = False) -> exp.Expression:
+                 integer_sum: bool = False) -> exp.Expression:
     """A pair's bounded SUM(v) inside AVG or a variance: the plain SUM where the pair has
     at most `limit` values, else `limit` × their mean, so that it stays in proportion to
     the pair's bounded count, LEAST(COUNT(v), limit).
@@ -1158,8 +1164,9 @@ def _bounded_sum(value: exp.Expression, limit: int, integer_valued: bool,
     mean, so `limit` × the mean lies within `limit` × those bounds), no sampling variance
     on top of the noise, and no sort or list state per pair to draw rows with. A whole-
     number statistic rounds it: its noise is calibrated for whole numbers, and a
-    fractional part would pass through integer noise unchanged. A `fixed_point` one
-    (integers standing for reals, `Statistic.fixed_point_bits`) rounds it to a BIGINT.
+    fractional part would pass through integer noise unchanged. An `integer_sum` (of
+    integers standing for reals, `Statistic.fixed_point_bits`, or of whole values within
+    BIGINT) rounds it to a BIGINT, so that the sum over pairs stays exact.
     """
     values = exp.Count(this=value.copy())
     # typed: a plain `/`, as the sum is DOUBLE or NUMERIC already (sqlglot would otherwise
@@ -1167,9 +1174,9 @@ def _bounded_sum(value: exp.Expression, limit: int, integer_valued: bool,
     scaled: exp.Expression = exp.Div(
         this=exp.Mul(this=exp.Sum(this=value.copy()), expression=exp.Literal.number(limit)),
         expression=values.copy(), typed=True)
-    if integer_valued or fixed_point:
+    if integer_valued or integer_sum:
         scaled = exp.func("ROUND", scaled)
-    if fixed_point:  # DuckDB's `/` gives a DOUBLE: the sum over pairs must stay integer
+    if integer_sum:  # DuckDB's `/` gives a DOUBLE: the sum over pairs must stay integer
         scaled = exp.cast(scaled, _BIGINT)
     return exp.Case(ifs=[exp.If(this=exp.LTE(this=values, expression=exp.Literal.number(limit)),
                                 true=exp.Sum(this=value.copy()))], default=scaled)

@@ -210,3 +210,82 @@ def test_a_list_or_struct_key_is_released_as_its_text(tmp_path: Path) -> None:
         assert [tuple(r) for r in session.execute(
             "SELECT st, COUNT(*) FROM t GROUP BY st ORDER BY st").rows] \
             == [("{'a': 0}", 67), ("{'a': 1}", 67), ("{'a': 2}", 66)]
+
+
+def test_a_nocase_key_on_duckdb_is_grouped_by_its_own_spelling(tmp_path: Path) -> None:
+    """DuckDB keeps a NOCASE column's collation: 500 people spelled 'foo' and one 'FOO',
+    read first, were one group keyed 'FOO', so the public value 'foo' was released with
+    0 where without that person it had 500."""
+    import duckdb
+
+    def count_of_foo(rows: list[tuple[int, str]]) -> list[tuple[object, ...]]:
+        database = tmp_path / f"n{len(rows)}.duckdb"
+        con = duckdb.connect(str(database))
+        con.execute("CREATE TABLE n (pid INTEGER NOT NULL, name VARCHAR COLLATE NOCASE)")
+        con.executemany("INSERT INTO n VALUES (?, ?)", rows)
+        con.close()
+        policy = tmp_path / "n.toml"
+        policy.write_text(f'[backend]\nkind = "duckdb"\npath = "{database.as_posix()}"\n'
+                          f'[ledger]\npath = "{tmp_path.as_posix()}/n{len(rows)}.sqlite"\n'
+                          '[tables.n]\nprivacy_unit = "pid"\n[tables.n.columns]\n'
+                          'pid = { type = "int", nullable = false }\n'
+                          'name = { type = "text", public_values = ["foo", "bar"] }\n'
+                          '[analysts.a]\nbudget = { epsilon = 1e9, delta = 0.5 }\n'
+                          'tables = ["n"]\n')
+        with Engine.from_path(policy) as engine:
+            return [tuple(r) for r in engine.session("a", epsilon=EPSILON).execute(
+                "SELECT name, COUNT(*) FROM n GROUP BY name ORDER BY name").rows]
+
+    crowd = [(pid, "foo") for pid in range(1, 501)]
+    assert count_of_foo(crowd) == [("bar", 0), ("foo", 500)]
+    assert count_of_foo([(0, "FOO"), *crowd]) == [("bar", 0), ("foo", 500)]
+
+
+def test_avg_of_whole_numbers_sums_exactly_over_pairs(tmp_path: Path) -> None:
+    """AVG's sum of whole numbers, bounded by pairs on DuckDB: a pair over the bound has
+    its sum scaled (limit × mean), which DuckDB computes in DOUBLE, and the sum over pairs
+    was DOUBLE again: 1880 off the exact sum near 2^61. It stays an integer now."""
+    import random
+    from fractions import Fraction
+
+    import duckdb
+
+    from dpproxy.analyze import analyze
+    from dpproxy.parse import parse_statements
+    from dpproxy.plan import QueryOptions, plan_query
+    from dpproxy.rewrite import rewrite
+
+    database = tmp_path / "a.duckdb"
+    random.seed(1)
+    top = 10**15
+    # odd values, 3 rows for every second unit (over the bound of 2): each scaled sum is
+    # a third away from a half, far beyond DOUBLE's rounding of it
+    rows = [(u, "a", random.randrange(top - 2**20, top) | 1)
+            for u in range(1, 3001) for _ in range(1 if u % 2 else 3)]
+    con = duckdb.connect(str(database))
+    con.execute("CREATE TABLE t (uid BIGINT NOT NULL, g VARCHAR, x BIGINT)")
+    con.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
+    con.close()
+    policy_file = tmp_path / "a.toml"
+    policy_file.write_text(
+        f'[backend]\nkind = "duckdb"\npath = "{database.as_posix()}"\n[tables.t]\n'
+        'privacy_unit = "uid"\nmax_rows_per_unit = 2\nmax_groups_per_unit = 1\n'
+        '[tables.t.columns]\nuid = { type = "int", nullable = false }\n'
+        'g = { type = "text", public_values = ["a"] }\n'
+        f'x = {{ type = "int", lower = 0, upper = {top} }}\n'
+        '[analysts.bob]\nbudget = { epsilon = 1e9, delta = 0.5 }\ntables = ["t"]\n')
+    with Engine.from_path(policy_file) as engine:
+        ast = parse_statements("SELECT g, AVG(x) FROM t GROUP BY g")[0].ast
+        assert ast is not None
+        plan = plan_query(analyze(ast, engine.policy, engine.policy.analysts["bob"]),
+                          QueryOptions(1e6, 1e-6, "laplace"))
+        rewritten = rewrite(plan, "duckdb")
+        (row,) = engine.backend.run_aggregate(rewritten.sql, rewritten.parameters())
+    (index, statistic), = [(i, m.statistic) for i, m in enumerate(plan.measurements)
+                           if m.statistic.kind == "sum"]
+    per_unit: dict[int, list[int]] = {}
+    for u, _, x in rows:
+        per_unit.setdefault(u, []).append(x - int(statistic.center))
+    exact = sum(sum(v) if len(v) <= 2 else round(Fraction(sum(v) * 2, len(v)))
+                for v in per_unit.values())
+    assert exact > 2**53 and row[1 + index] == exact and isinstance(row[1 + index], int)

@@ -289,3 +289,66 @@ def test_avg_of_whole_numbers_sums_exactly_over_pairs(tmp_path: Path) -> None:
     exact = sum(sum(v) if len(v) <= 2 else round(Fraction(sum(v) * 2, len(v)))
                 for v in per_unit.values())
     assert exact > 2**53 and row[1 + index] == exact and isinstance(row[1 + index], int)
+
+
+def test_domains_are_read_as_the_types_they_are_over(pg_dsn: str, tmp_path: Path) -> None:
+    """A domain over text declared int was cast per row (a row 'x' failed the query after
+    the charge), a domain over NUMERIC was not held within ±10^400 (1e70000 squared
+    overflowed), and a domain over integer named name_id was refused as text. The engine
+    reads a domain as its base type."""
+    from dpproxy import errors
+
+    with scratch_database(pg_dsn) as dsn:
+        with psycopg.connect(dsn, autocommit=True) as con:
+            con.execute("CREATE DOMAIN code AS text")
+            con.execute("CREATE DOMAIN amount AS numeric")
+            con.execute("CREATE DOMAIN name_id AS integer")
+            con.execute("CREATE DOMAIN amount2 AS amount")  # over a domain
+            con.execute("CREATE TABLE d (pid INTEGER NOT NULL, a code, b amount2, "
+                        "n name_id)")
+            con.execute("INSERT INTO d SELECT i, '1', i % 7, i FROM generate_series(1, 50) i")
+            con.execute("INSERT INTO d VALUES (0, 'x', 1e70000, 0)")
+        policy = tmp_path / "d.toml"
+        policy.write_text(
+            f'[backend]\nkind = "postgres"\ndsn = "{dsn}"\n[tables.d]\nprivacy_unit = "pid"\n'
+            '[tables.d.columns]\npid = { type = "int", nullable = false }\n'
+            'a = { type = "int", lower = 0, upper = 10 }\n'
+            'b = { type = "float", lower = 0, upper = 10 }\n'
+            'n = { type = "int", lower = 0, upper = 100 }\n'
+            '[analysts.a]\nbudget = { epsilon = 10.0 }\ntables = ["d"]\n')
+        with Engine.from_path(policy) as engine:
+            storage = {c.name: c.storage for c in engine.policy.tables["d"].columns.values()}
+            assert (storage["a"], storage["b"], storage["n"]) == ("text", "numeric", "integer")
+            session = engine.session("a", epsilon=0.5)
+            with pytest.raises(errors.DatatypeMismatch):
+                session.execute("SELECT SUM(a) FROM d")
+            assert session.execute("SELECT SUM(b * b) FROM d").rows
+            assert session.execute("SELECT SUM(n) FROM d").rows
+
+
+def test_duckdb_enums_and_text_booleans_declared_otherwise_are_refused(
+        tmp_path: Path) -> None:
+    """DuckDB casts an ENUM('1', 'x') column declared int per row, and a VARCHAR declared
+    bool: a row 'x' or 'maybe' failed the query after the charge."""
+    import duckdb
+
+    from dpproxy import errors
+
+    database = tmp_path / "e.duckdb"
+    con = duckdb.connect(str(database))
+    con.execute("CREATE TYPE e AS ENUM ('1', '2', 'x')")
+    con.execute("CREATE TABLE t (pid INTEGER NOT NULL, a e, b VARCHAR)")
+    con.execute("INSERT INTO t VALUES (1, '1', 'true'), (2, 'x', 'maybe')")
+    con.close()
+    policy = tmp_path / "e.toml"
+    policy.write_text(f'[backend]\nkind = "duckdb"\npath = "{database.as_posix()}"\n'
+                      '[tables.t]\nprivacy_unit = "pid"\n[tables.t.columns]\n'
+                      'pid = { type = "int", nullable = false }\n'
+                      'a = { type = "int", lower = 0, upper = 10 }\nb = { type = "bool" }\n'
+                      '[analysts.a]\nbudget = { epsilon = 10.0 }\ntables = ["t"]\n')
+    with Engine.from_path(policy) as engine:
+        session = engine.session("a", epsilon=0.5)
+        for sql in ("SELECT SUM(a) FROM t", "SELECT COUNT(*) FROM t WHERE b"):
+            with pytest.raises(errors.DatatypeMismatch):
+                session.execute(sql)
+        assert engine.ledger.history() == []

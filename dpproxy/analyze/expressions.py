@@ -282,14 +282,14 @@ def make_resolver(table_name: str, alias: str | None, columns: Mapping[str, Colu
             raise UndefinedColumn(
                 f"column {node.name!r} of table {table_name} is in the policy but not in "
                 "the database", hint="ask the data owner to fix the policy")
-        if policy.type in ("int", "float", "date") and stores_text(policy.storage):
+        if policy.type in ("int", "float", "date", "bool") and stores_text(policy.storage):
             # each value would be cast per row, and a row that is no number (or date)
             # would fail the query: whether it did would tell that such a row exists
             raise DatatypeMismatch(
                 f"column {node.name!r} of table {table_name} is declared {policy.type} in "
                 f"the policy but stored as {policy.storage}",
                 hint="ask the data owner to declare it text, or to store it as "
-                     f"{'a date' if policy.type == 'date' else 'a number'}")
+                     + {"date": "a date", "bool": "a boolean"}.get(policy.type, "a number"))
         return policy
 
     return resolve
@@ -297,16 +297,20 @@ def make_resolver(table_name: str, alias: str | None, columns: Mapping[str, Colu
 
 def stores_text(storage: str | None) -> bool:
     """Whether a column's database type (`ColumnPolicy.storage`, as either backend names
-    it) holds text, or values read as text (json, uuid, bytes).
+    it, a domain as the type it is over) holds text, or values read as text (json, uuid,
+    bytes, DuckDB's enums).
 
     >>> stores_text("character varying(20)"), stores_text("varchar"), stores_text("bigint")
+    (True, True, False)
+    >>> stores_text("enum('1', 'x')"), stores_text("name"), stores_text("name_id")
     (True, True, False)
     """
     if not storage:
         return False
     name = storage.lower()
-    return name.startswith(("character", "varchar", "char(", "text", "citext", "json",
-                            "uuid", "bytea", "blob", "xml", "bpchar", "name"))
+    return name == "name" or name.startswith((
+        "character", "varchar", "char(", "text", "citext", "json", "uuid", "bytea", "blob",
+        "xml", "bpchar", "enum("))
 
 
 _V = TypeVar("_V")

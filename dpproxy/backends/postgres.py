@@ -56,11 +56,21 @@ SELECT pg_postmaster_start_time()::text,
                   FROM unnest($1::text[]) WITH ORDINALITY AS t(name, ord)) AS tables)
 """
 
+# Each column's type, a domain read as the type it is over (a domain over text holds
+# text, whatever its name), and whether it is NOT NULL.
 _COLUMN_TYPES_SQL = """
-SELECT t.name, a.attname, format_type(a.atttypid, NULL), a.attnotnull
-  FROM unnest($1::text[]) AS t(name)
-  JOIN pg_attribute a ON a.attrelid = to_regclass(quote_ident(t.name))
- WHERE a.attnum > 0 AND NOT a.attisdropped
+WITH RECURSIVE base AS (
+  SELECT t.name, a.attname, a.atttypid AS type, a.attnotnull, 0 AS depth
+    FROM unnest($1::text[]) AS t(name)
+    JOIN pg_attribute a ON a.attrelid = to_regclass(quote_ident(t.name))
+   WHERE a.attnum > 0 AND NOT a.attisdropped
+  UNION ALL
+  SELECT b.name, b.attname, d.typbasetype, b.attnotnull, b.depth + 1
+    FROM base b JOIN pg_type d ON d.oid = b.type
+   WHERE d.typtype = 'd' AND b.depth < 32
+)
+SELECT DISTINCT ON (name, attname) name, attname, format_type(type, NULL), attnotnull
+  FROM base ORDER BY name, attname, depth DESC
 """
 
 # The transaction's snapshot, as text, and the server's start time: two transactions with

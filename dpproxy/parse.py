@@ -298,33 +298,32 @@ def placeholder_count(template: exp.Expression) -> int:
 
 def _parse_unbound(sql: str, params: Parameters) -> tuple[Statement, ...]:
     """The statements of `sql` with their placeholders unbound. Errors are raised as they
-    would be while binding `params`, statement by statement, and are never cached."""
+    would be while binding `params` (after any syntax error), and are never cached."""
     pieces = split_statements(sql)
     if not pieces:
         raise SyntaxError("empty query", hint="send one SELECT statement")
     statements = []
     for text, tokens, offset in pieces:
         try:
-            statement = _classify(text, tokens)
+            statements.append(_classify(text, tokens))
         except SyntaxError as exc:
             if exc.position is not None:
                 exc.position += offset  # relative to the whole string, as PostgreSQL does
             raise
-        if _has_placeholders(statement) and any(map(_has_placeholders, statements)):
-            # each would take the parameters from the first (`SET dpproxy.epsilon = %s;
-            # SELECT … WHERE age > %s` with [3] set ε = 3 and filtered age > 3)
-            raise NotSupportedError("parameters in more than one statement of a string are "
-                                    "not supported", hint="send the SET on its own, then "
-                                                          "the query")
-        # a binding error comes before a later syntax error
-        for tree in (statement.ast, statement.value_template):
-            if tree is not None:
-                bind_parameters(tree, _parameters_of(statement, params, len(pieces)),
-                                copy=True)
-        statements.append(statement)
-    if params and len(statements) > 1 and not any(map(_has_placeholders, statements)):
+    holders = sum(map(_has_placeholders, statements))
+    if holders > 1:
+        # each would take the parameters from the first (`SET dpproxy.epsilon = %s;
+        # SELECT … WHERE age > %s` with [3] set ε = 3 and filtered age > 3)
+        raise NotSupportedError("parameters in more than one statement of a string are "
+                                "not supported", hint="send the SET on its own, then the query")
+    if params and len(statements) > 1 and not holders:
         raise ProgrammingError(f"the statements have no placeholders but {len(params)} "
                                "parameters were given")
+    for statement in statements:
+        for tree in (statement.ast, statement.value_template):
+            if tree is not None:
+                bind_parameters(tree, _parameters_of(statement, params, len(statements)),
+                                copy=True)
     return tuple(statements)
 
 

@@ -245,6 +245,11 @@ def parse_statements(sql: str, params: Parameters = None, *, bind: bool = True
                 _parsed[sql] = unbound
                 if len(_parsed) > PARSE_CACHE_SIZE:
                     _parsed.popitem(last=False)
+    # checked on every call: a string parsed before without parameters comes from the
+    # cache, where none of its statements would bind these
+    if params and len(unbound) > 1 and not any(map(_has_placeholders, unbound)):
+        raise ProgrammingError(f"the statements have no placeholders but {len(params)} "
+                               "parameters were given")
     # Each statement with a query binds the parameters in turn, as they were parsed; one
     # clock for the string, as PostgreSQL's now() is one per transaction
     clocked = [s.ast is not None and s.folds and reads_clock(s.ast) for s in unbound]
@@ -316,9 +321,6 @@ def _parse_unbound(sql: str, params: Parameters) -> tuple[Statement, ...]:
         # SELECT … WHERE age > %s` with [3] set ε = 3 and filtered age > 3)
         raise NotSupportedError("parameters in more than one statement of a string are "
                                 "not supported", hint="send the SET on its own, then the query")
-    if params and len(statements) > 1 and not holders:
-        raise ProgrammingError(f"the statements have no placeholders but {len(params)} "
-                               "parameters were given")
     for statement in statements:
         for tree in (statement.ast, statement.value_template):
             if tree is not None:

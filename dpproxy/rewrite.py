@@ -800,7 +800,9 @@ def _released_text(value: exp.Expression, key: GroupKey, table: TablePolicy, dia
         return exp.Collate(this=exp.cast(value, exp.DataType.build("TEXT")),
                            expression=exp.to_identifier("C", quoted=True))
     column = table.column(key.column.name) if key.expression is None else None
-    if column is not None and column.storage and column.storage != "varchar":
+    if column is None or column.storage != "varchar":
+        # an expression may be of another type (an ENUM, JSON, a NULL): COLLATE takes
+        # VARCHAR only, and a cast of a VARCHAR costs nothing
         value = exp.cast(value, exp.DataType.build("VARCHAR"))
     # DuckDB keeps a column's collation through a cast; `c` compares bytes
     return exp.Collate(this=value, expression=exp.to_identifier("c"))

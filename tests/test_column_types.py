@@ -352,3 +352,32 @@ def test_duckdb_enums_and_text_booleans_declared_otherwise_are_refused(
             with pytest.raises(errors.DatatypeMismatch):
                 session.execute(sql)
         assert engine.ledger.history() == []
+
+
+def test_duckdb_text_expression_keys_of_other_types_are_answered(tmp_path: Path) -> None:
+    """`k COLLATE c` takes VARCHAR only: an expression key of an ENUM, or a NULL, failed
+    planning (nothing charged, but no answer) until it was cast first."""
+    import duckdb
+
+    database = tmp_path / "x.duckdb"
+    con = duckdb.connect(str(database))
+    con.execute("CREATE TYPE mood AS ENUM ('happy', 'ok', 'sad')")
+    con.execute("CREATE TABLE t (pid INTEGER NOT NULL, e mood, age INTEGER)")
+    con.execute("INSERT INTO t SELECT i, ['happy', 'ok', 'sad'][i % 3 + 1], i % 90 "
+                "FROM range(300) r(i)")
+    con.close()
+    policy = tmp_path / "x.toml"
+    policy.write_text(f'[backend]\nkind = "duckdb"\npath = "{database.as_posix()}"\n'
+                      '[tables.t]\nprivacy_unit = "pid"\n[tables.t.columns]\n'
+                      'pid = { type = "int", nullable = false }\ne = { type = "text" }\n'
+                      'age = { type = "int", lower = 0, upper = 100 }\n'
+                      '[analysts.a]\nbudget = { epsilon = 1e9, delta = 0.5 }\n'
+                      'tables = ["t"]\n')
+    with Engine.from_path(policy) as engine:
+        session = engine.session("a", epsilon=EPSILON)
+        assert [tuple(r) for r in session.execute(
+            "SELECT NULLIF(e, 'ok') AS k, COUNT(*) FROM t GROUP BY 1 ORDER BY 1").rows] \
+            == [("happy", 100), ("sad", 100), (None, 100)]
+        assert [tuple(r) for r in session.execute(
+            "SELECT CASE WHEN age > 200 THEN NULL END AS k, COUNT(*) FROM t GROUP BY 1"
+        ).rows] == [(None, 300)]

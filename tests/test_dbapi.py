@@ -444,6 +444,10 @@ def test_set_option_from_a_parameter(conn: dpproxy.Connection) -> None:
     # two such statements are refused (each took the first's: ε = 3 and age > 3)
     conn.execute("SET dpproxy.epsilon = %s; SELECT COUNT(*) FROM adult", [0.25])
     assert conn.execute("SHOW dpproxy.epsilon").fetchone() == ("0.25",)
+    # a string parsed once without parameters (then cached) still refuses some
+    conn.execute("SET dpproxy.epsilon = 0.25; SELECT COUNT(*) FROM adult")
+    with pytest.raises(dpproxy.ProgrammingError, match="no placeholders"):
+        conn.execute("SET dpproxy.epsilon = 0.25; SELECT COUNT(*) FROM adult", [30])
     for params in ([3], [3, 30]):  # the refusal, not a count of parameters
         with pytest.raises(dpproxy.NotSupportedError):
             conn.execute("SET dpproxy.epsilon = %s; SELECT COUNT(*) FROM adult "

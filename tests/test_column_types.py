@@ -186,55 +186,56 @@ def test_a_huge_numeric_value_fails_no_query(pg_dsn: str, tmp_path: Path) -> Non
                 assert session.execute(sql).rows
 
 
+def duckdb_policy(tmp_path: Path, name: str, statements: list[str], columns: str,
+                  budget: str = "{ epsilon = 1e9, delta = 0.5 }") -> Path:
+    """A DuckDB file `name`.duckdb made by `statements`, and a policy on it: table t of
+    privacy unit pid with these column lines, analyst a with `budget`."""
+    import duckdb
+
+    database = tmp_path / f"{name}.duckdb"
+    con = duckdb.connect(str(database))
+    for statement in statements:
+        con.execute(statement)
+    con.close()
+    policy = tmp_path / f"{name}.toml"
+    policy.write_text(f'[backend]\nkind = "duckdb"\npath = "{database.as_posix()}"\n'
+                      f'[ledger]\npath = "{tmp_path.as_posix()}/{name}.ledger.sqlite"\n'
+                      '[tables.t]\nprivacy_unit = "pid"\n[tables.t.columns]\n'
+                      f'pid = {{ type = "int", nullable = false }}\n{columns}'
+                      f'[analysts.a]\nbudget = {budget}\ntables = ["t"]\n')
+    return policy
+
+
+def released(policy: Path, sql: str) -> list[tuple[object, ...]]:
+    """The released rows of `sql` at ε = 1e6."""
+    with Engine.from_path(policy) as engine:
+        return [tuple(r) for r in engine.session("a", epsilon=EPSILON).execute(sql).rows]
+
+
 def test_a_list_or_struct_key_is_released_as_its_text(tmp_path: Path) -> None:
     """DuckDB: a list or struct column declared text loads as a Python list or dict,
     which cannot key a group: the query was charged, then failed."""
-    import duckdb
-
-    database = tmp_path / "l.duckdb"
-    con = duckdb.connect(str(database))
-    con.execute("CREATE TABLE t (pid INTEGER, tags INTEGER[], st STRUCT(a INTEGER))")
-    con.execute("INSERT INTO t SELECT i, [i % 2], {'a': i % 3} FROM range(200) r(i)")
-    con.close()
-    policy = tmp_path / "l.toml"
-    policy.write_text(f'[backend]\nkind = "duckdb"\npath = "{database.as_posix()}"\n'
-                      '[tables.t]\nprivacy_unit = "pid"\n[tables.t.columns]\n'
-                      'pid = { type = "int" }\ntags = { type = "text" }\n'
-                      'st = { type = "text" }\n[analysts.a]\n'
-                      'budget = { epsilon = 1e9, delta = 0.5 }\ntables = ["t"]\n')
-    with Engine.from_path(policy) as engine:
-        session = engine.session("a", epsilon=EPSILON)
-        assert [tuple(r) for r in session.execute(
-            "SELECT tags, COUNT(*) FROM t GROUP BY tags ORDER BY tags").rows] \
-            == [("[0]", 100), ("[1]", 100)]
-        assert [tuple(r) for r in session.execute(
-            "SELECT st, COUNT(*) FROM t GROUP BY st ORDER BY st").rows] \
-            == [("{'a': 0}", 67), ("{'a': 1}", 67), ("{'a': 2}", 66)]
+    policy = duckdb_policy(tmp_path, "l", [
+        "CREATE TABLE t (pid INTEGER, tags INTEGER[], st STRUCT(a INTEGER))",
+        "INSERT INTO t SELECT i, [i % 2], {'a': i % 3} FROM range(200) r(i)"],
+        'tags = { type = "text" }\nst = { type = "text" }\n')
+    assert released(policy, "SELECT tags, COUNT(*) FROM t GROUP BY tags ORDER BY tags") \
+        == [("[0]", 100), ("[1]", 100)]
+    assert released(policy, "SELECT st, COUNT(*) FROM t GROUP BY st ORDER BY st") \
+        == [("{'a': 0}", 67), ("{'a': 1}", 67), ("{'a': 2}", 66)]
 
 
 def test_a_nocase_key_on_duckdb_is_grouped_by_its_own_spelling(tmp_path: Path) -> None:
     """DuckDB keeps a NOCASE column's collation: 500 people spelled 'foo' and one 'FOO',
     read first, were one group keyed 'FOO', so the public value 'foo' was released with
     0 where without that person it had 500."""
-    import duckdb
-
     def count_of_foo(rows: list[tuple[int, str]]) -> list[tuple[object, ...]]:
-        database = tmp_path / f"n{len(rows)}.duckdb"
-        con = duckdb.connect(str(database))
-        con.execute("CREATE TABLE n (pid INTEGER NOT NULL, name VARCHAR COLLATE NOCASE)")
-        con.executemany("INSERT INTO n VALUES (?, ?)", rows)
-        con.close()
-        policy = tmp_path / "n.toml"
-        policy.write_text(f'[backend]\nkind = "duckdb"\npath = "{database.as_posix()}"\n'
-                          f'[ledger]\npath = "{tmp_path.as_posix()}/n{len(rows)}.sqlite"\n'
-                          '[tables.n]\nprivacy_unit = "pid"\n[tables.n.columns]\n'
-                          'pid = { type = "int", nullable = false }\n'
-                          'name = { type = "text", public_values = ["foo", "bar"] }\n'
-                          '[analysts.a]\nbudget = { epsilon = 1e9, delta = 0.5 }\n'
-                          'tables = ["n"]\n')
-        with Engine.from_path(policy) as engine:
-            return [tuple(r) for r in engine.session("a", epsilon=EPSILON).execute(
-                "SELECT name, COUNT(*) FROM n GROUP BY name ORDER BY name").rows]
+        values = ", ".join(f"({pid}, '{name}')" for pid, name in rows)
+        policy = duckdb_policy(tmp_path, f"n{len(rows)}", [
+            "CREATE TABLE t (pid INTEGER NOT NULL, name VARCHAR COLLATE NOCASE)",
+            f"INSERT INTO t VALUES {values}"],
+            'name = { type = "text", public_values = ["foo", "bar"] }\n')
+        return released(policy, "SELECT name, COUNT(*) FROM t GROUP BY name ORDER BY name")
 
     crowd = [(pid, "foo") for pid in range(1, 501)]
     assert count_of_foo(crowd) == [("bar", 0), ("foo", 500)]
@@ -330,22 +331,14 @@ def test_duckdb_enums_and_text_booleans_declared_otherwise_are_refused(
         tmp_path: Path) -> None:
     """DuckDB casts an ENUM('1', 'x') column declared int per row, and a VARCHAR declared
     bool: a row 'x' or 'maybe' failed the query after the charge."""
-    import duckdb
-
     from dpproxy import errors
 
-    database = tmp_path / "e.duckdb"
-    con = duckdb.connect(str(database))
-    con.execute("CREATE TYPE e AS ENUM ('1', '2', 'x')")
-    con.execute("CREATE TABLE t (pid INTEGER NOT NULL, a e, b VARCHAR)")
-    con.execute("INSERT INTO t VALUES (1, '1', 'true'), (2, 'x', 'maybe')")
-    con.close()
-    policy = tmp_path / "e.toml"
-    policy.write_text(f'[backend]\nkind = "duckdb"\npath = "{database.as_posix()}"\n'
-                      '[tables.t]\nprivacy_unit = "pid"\n[tables.t.columns]\n'
-                      'pid = { type = "int", nullable = false }\n'
-                      'a = { type = "int", lower = 0, upper = 10 }\nb = { type = "bool" }\n'
-                      '[analysts.a]\nbudget = { epsilon = 10.0 }\ntables = ["t"]\n')
+    policy = duckdb_policy(tmp_path, "e", [
+        "CREATE TYPE e AS ENUM ('1', '2', 'x')",
+        "CREATE TABLE t (pid INTEGER NOT NULL, a e, b VARCHAR)",
+        "INSERT INTO t VALUES (1, '1', 'true'), (2, 'x', 'maybe')"],
+        'a = { type = "int", lower = 0, upper = 10 }\nb = { type = "bool" }\n',
+        budget="{ epsilon = 10.0 }")
     with Engine.from_path(policy) as engine:
         session = engine.session("a", epsilon=0.5)
         for sql in ("SELECT SUM(a) FROM t", "SELECT COUNT(*) FROM t WHERE b"):
@@ -357,27 +350,13 @@ def test_duckdb_enums_and_text_booleans_declared_otherwise_are_refused(
 def test_duckdb_text_expression_keys_of_other_types_are_answered(tmp_path: Path) -> None:
     """`k COLLATE c` takes VARCHAR only: an expression key of an ENUM, or a NULL, failed
     planning (nothing charged, but no answer) until it was cast first."""
-    import duckdb
-
-    database = tmp_path / "x.duckdb"
-    con = duckdb.connect(str(database))
-    con.execute("CREATE TYPE mood AS ENUM ('happy', 'ok', 'sad')")
-    con.execute("CREATE TABLE t (pid INTEGER NOT NULL, e mood, age INTEGER)")
-    con.execute("INSERT INTO t SELECT i, ['happy', 'ok', 'sad'][i % 3 + 1], i % 90 "
-                "FROM range(300) r(i)")
-    con.close()
-    policy = tmp_path / "x.toml"
-    policy.write_text(f'[backend]\nkind = "duckdb"\npath = "{database.as_posix()}"\n'
-                      '[tables.t]\nprivacy_unit = "pid"\n[tables.t.columns]\n'
-                      'pid = { type = "int", nullable = false }\ne = { type = "text" }\n'
-                      'age = { type = "int", lower = 0, upper = 100 }\n'
-                      '[analysts.a]\nbudget = { epsilon = 1e9, delta = 0.5 }\n'
-                      'tables = ["t"]\n')
-    with Engine.from_path(policy) as engine:
-        session = engine.session("a", epsilon=EPSILON)
-        assert [tuple(r) for r in session.execute(
-            "SELECT NULLIF(e, 'ok') AS k, COUNT(*) FROM t GROUP BY 1 ORDER BY 1").rows] \
-            == [("happy", 100), ("sad", 100), (None, 100)]
-        assert [tuple(r) for r in session.execute(
-            "SELECT CASE WHEN age > 200 THEN NULL END AS k, COUNT(*) FROM t GROUP BY 1"
-        ).rows] == [(None, 300)]
+    policy = duckdb_policy(tmp_path, "x", [
+        "CREATE TYPE mood AS ENUM ('happy', 'ok', 'sad')",
+        "CREATE TABLE t (pid INTEGER NOT NULL, e mood, age INTEGER)",
+        "INSERT INTO t SELECT i, ['happy', 'ok', 'sad'][i % 3 + 1], i % 90 "
+        "FROM range(300) r(i)"],
+        'e = { type = "text" }\nage = { type = "int", lower = 0, upper = 100 }\n')
+    assert released(policy, "SELECT NULLIF(e, 'ok') AS k, COUNT(*) FROM t GROUP BY 1 "
+                            "ORDER BY 1") == [("happy", 100), ("sad", 100), (None, 100)]
+    assert released(policy, "SELECT CASE WHEN age > 200 THEN NULL END AS k, COUNT(*) "
+                            "FROM t GROUP BY 1") == [(None, 300)]

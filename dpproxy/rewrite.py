@@ -467,9 +467,8 @@ def clamped(statistic: Statistic, table: TablePolicy, dialect: str) -> exp.Expre
         # a whole centre as an integer literal: an integer clamp minus it stays an integer
         clamp = exp.Sub(this=clamp, expression=_whole(statistic.center))
     bits = statistic.fixed_point_bits
-    if bits is None and float(statistic.center).is_integer() \
-            and statistic.row_contribution <= 2**53 and _sums_in_double(statistic, table,
-                                                                         dialect):
+    if bits is None and _whole_rows(statistic) and statistic.row_contribution <= 2**53 \
+            and _sums_in_double(statistic, table, dialect):
         # whole numbers summed in DOUBLE err once a total passes 2^53, and neighbouring
         # tables can err differently: summed as integers instead, exactly (DuckDB in
         # HUGEINT, PostgreSQL in NUMERIC); each is whole (ROUND, a whole centre) and
@@ -480,6 +479,12 @@ def clamped(statistic: Statistic, table: TablePolicy, dialect: str) -> exp.Expre
         clamp = exp.cast(exp.func("ROUND", exp.Mul(this=exp.Paren(this=clamp),
                                                    expression=scale)), _BIGINT)
     return _guarded(clamp, guard)
+
+
+def _whole_rows(statistic: Statistic) -> bool:
+    """Whether a sum's rows are whole numbers: a whole-number statistic (clamped values
+    rounded) less a whole centre."""
+    return statistic.integer_valued and float(statistic.center).is_integer()
 
 
 def _sums_in_double(statistic: Statistic, table: TablePolicy, dialect: str) -> bool:
@@ -1097,8 +1102,7 @@ def _bounded_pairs(plan: QueryPlan, dialect: str, source: exp.Expression,
             # an integer sum (fixed point, or whole values) stays one: exact over pairs
             kept = _bounded_sum(value, limit, statistic.integer_valued,
                                 statistic.fixed_point_bits is not None
-                                or (statistic.integer_valued
-                                    and float(statistic.center).is_integer()
+                                or (_whole_rows(statistic)
                                     and limit * statistic.row_contribution < 2**62))
         items.append(exp.alias_(kept, name))
     pairs: exp.Expression = exp.select(*items, copy=False).from_(rows, copy=False).group_by(

@@ -160,7 +160,9 @@ def _total_node(old: exp.Expression, new: exp.Expression, table: TablePolicy, ty
         bare = exp.column(column.name, quoted=True)
         if column.type not in ("int", "float"):
             return bare
-        return _within_column_digits(_numeric(bare)) if _wide_numeric(column.storage) \
+        # NUMERIC holds up to 10^131072 (the engine reads types without their modifiers,
+        # so a numeric(10,2) column is held too: one CASE per use)
+        return _within_column_digits(_numeric(bare)) if column.storage == "numeric" \
             else _numeric(bare)
     if isinstance(new, exp.Literal) and not new.is_string:
         # NUMERIC, not int4: CASE WHEN … THEN 2147483647 END * 2 cannot overflow. Kept:
@@ -240,25 +242,8 @@ def _numeric(node: exp.Expression) -> exp.Expression:
     return exp.cast(node, _NUMERIC.copy())
 
 
-def _wide_numeric(storage: str | None) -> bool:
-    """Whether a column of this type may hold numbers of _COLUMN_DIGITS digits or more
-    before the point: NUMERIC without a precision (up to 10^131072), or with more digits.
-    (The engine reads types without their modifiers, so any NUMERIC column is "numeric".)
-
-    >>> _wide_numeric("numeric"), _wide_numeric("numeric(10,2)"), _wide_numeric("bigint")
-    (True, False, False)
-    """
-    name = (storage or "").replace(" ", "").lower()
-    if name == "numeric":
-        return True
-    if not name.startswith("numeric("):
-        return False
-    precision, _, scale = name.removeprefix("numeric(").rstrip(")").partition(",")
-    return int(precision) - int(scale or 0) >= _COLUMN_DIGITS[0]
-
-
 def _within_column_digits(value: exp.Expression) -> exp.Expression:
-    """A wide NUMERIC column's value held within ±(10^400 − 1), as check_magnitude reads
+    """A NUMERIC column's value held within ±(10^400 − 1), as check_magnitude reads
     every column: 1e70000 squared overflowed NUMERIC on that one row, after the charge.
     NULL stays NULL, NaN becomes the upper end (as every clamp reads it)."""
     limit = exp.Literal.number("9" * _COLUMN_DIGITS[0])

@@ -51,7 +51,12 @@ from sqlglot import exp
 
 from .analyze import Analysis, GroupKey, to_char
 from .analyze.aggregates import Statistic
-from .analyze.expressions import constant_digits, make_resolver, type_row_expression
+from .analyze.expressions import (
+    constant_digits,
+    make_resolver,
+    read_as_declared,
+    type_row_expression,
+)
 from .analyze.per_unit import PerUnit
 from .bounds import BoundCheck, Unbounded, bound_check, read_table
 from .clock import date_literal
@@ -171,7 +176,8 @@ def _total_node(node: exp.Expression, table: TablePolicy, integer_valued: bool
         column = table.column(node.name)
         assert column is not None, "the analyzer resolved every column"
         bare = exp.column(column.name, quoted=True)
-        return exp.cast(bare, _DOUBLE) if column.type in ("int", "float") else bare
+        return exp.cast(bare, _DOUBLE) if column.type in ("int", "float") \
+            else read_as_declared(bare, column)
     if isinstance(node, exp.Literal) and not node.is_string and not _kept_as_written(node):
         # DOUBLE, as the columns: DuckDB reads 28 digits as a HUGEINT and 0.00000000001 as a
         # DECIMAL(11,11), and converts them to a common type only when a row reaches them

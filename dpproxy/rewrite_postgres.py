@@ -44,7 +44,12 @@ from decimal import Decimal, InvalidOperation
 from sqlglot import exp
 
 from .analyze import to_char
-from .analyze.expressions import ExprType, make_resolver, type_row_expression
+from .analyze.expressions import (
+    ExprType,
+    make_resolver,
+    read_as_declared,
+    type_row_expression,
+)
 from .errors import NotSupportedError
 from .policy import ColumnPolicy, TablePolicy
 
@@ -134,7 +139,7 @@ def make_total_postgres(node: exp.Expression, table: TablePolicy) -> exp.Express
     if isinstance(node, exp.Column):
         # a bare column computes nothing, so it cannot raise: no NUMERIC conversion (a
         # COUNT argument or a value to clamp is read as it is)
-        return exp.column(lookup(node).name, quoted=True)
+        return read_as_declared(exp.column(lookup(node).name, quoted=True), lookup(node))
     root = node.copy()
     original = list(node.dfs())
     copied = list(root.dfs())
@@ -159,7 +164,7 @@ def _total_node(old: exp.Expression, new: exp.Expression, table: TablePolicy, ty
         assert column is not None, "the analyzer resolved every column"
         bare = exp.column(column.name, quoted=True)
         if column.type not in ("int", "float"):
-            return bare
+            return read_as_declared(bare, column)
         # NUMERIC holds up to 10^131072 (the engine reads types without their modifiers,
         # so a numeric(10,2) column is held too: one CASE per use)
         return _within_column_digits(_numeric(bare)) if column.storage == "numeric" \

@@ -360,3 +360,109 @@ def test_duckdb_text_expression_keys_of_other_types_are_answered(tmp_path: Path)
                             "ORDER BY 1") == [("happy", 100), ("sad", 100), (None, 100)]
     assert released(policy, "SELECT CASE WHEN age > 200 THEN NULL END AS k, COUNT(*) "
                             "FROM t GROUP BY 1") == [(None, 300)]
+
+
+# Columns declared text in the policy but stored as another type, with the text each row
+# reads as: (a row's text, how many rows) per query below
+_TEXT_QUERIES = [
+    ("SELECT COUNT(*) FROM t WHERE u = 'x'", 0),
+    ("SELECT COUNT(*) FROM t WHERE u = '00000000-0000-4000-8000-000000000007'", 1),
+    ("SELECT COUNT(*) FROM t WHERE u LIKE '%-00000000001_'", 10),
+    ("SELECT COUNT(NULLIF(u, 'x')) FROM t", 200),
+    ("SELECT COUNT(*) FROM t WHERE ts LIKE '2020-01-01 10:00%'", 200),
+    ("SELECT COUNT(*) FROM t WHERE ts < 'm' AND ts IN ('x', 'y') ", 0),
+    ("SELECT COUNT(*) FROM t WHERE UPPER(e) = 'OK'", 200),
+    ("SELECT COUNT(*) FROM t WHERE e = '2'", 0),
+    ("SELECT COUNT(*) FROM t WHERE l = '[1]' OR l = '{1}'", 100),
+    ("SELECT COUNT(*) FROM t WHERE j || '' LIKE '%\"a\"%'", 200),
+    ("SELECT COUNT(*) FROM t WHERE LENGTH(SUBSTRING(u, 1, 8)) = 8", 200),
+]
+_TEXT_COLUMNS = "".join(f'{c} = {{ type = "text" }}\n' for c in ("u", "ts", "l", "j")) \
+    + 'e = { type = "text", public_values = ["sad", "ok"] }\n'
+_TEXT_ROWS = ("CAST('00000000-0000-4000-8000-' || lpad(CAST(i AS TEXT), 12, '0') AS UUID), "
+              "TIMESTAMP '2020-01-01 10:00:00', CAST('ok' AS mood)")
+
+
+def test_duckdb_columns_declared_text_are_read_as_text(tmp_path: Path) -> None:
+    """A uuid, timestamp, enum, list or JSON column declared text: `u = 'x'` converted
+    'x' to a UUID and failed after the charge, where a row reached it; LIKE, ||, UPPER or
+    SUBSTRING of one failed planning. Such a column is read as its text."""
+    policy = duckdb_policy(tmp_path, "x", [
+        "CREATE TYPE mood AS ENUM ('sad', 'ok')",
+        "CREATE TABLE t (pid INTEGER, u UUID, ts TIMESTAMP, e mood, l INTEGER[], j JSON)",
+        f"INSERT INTO t SELECT i, {_TEXT_ROWS}, [i % 2], '{{\"a\": 1}}' "
+        "FROM range(200) r(i)"], _TEXT_COLUMNS)
+    assert [released(policy, sql)[0][0] for sql, _ in _TEXT_QUERIES] \
+        == [count for _, count in _TEXT_QUERIES]
+    assert released(policy, "SELECT MODE(e) FROM t") == [("ok",)]
+
+
+def test_postgres_columns_declared_text_are_read_as_text(pg_dsn: str, tmp_path: Path
+                                                         ) -> None:
+    """The same on PostgreSQL, where each of these failed planning (nothing charged, but
+    a message blaming dpproxy): 'x' and '2' read as a uuid or an enum label, LIKE on a
+    uuid, an array or jsonb. MODE of an enum with public values was refused alike."""
+    with scratch_database(pg_dsn) as dsn:
+        with psycopg.connect(dsn, autocommit=True) as con:
+            con.execute("CREATE TYPE mood AS ENUM ('sad', 'ok')")
+            con.execute("CREATE TABLE t (pid INTEGER NOT NULL, u UUID, ts TIMESTAMP, "
+                        "e mood, l INTEGER[], j JSONB)")
+            con.execute(f"INSERT INTO t SELECT i, {_TEXT_ROWS}, ARRAY[i % 2], "
+                        "'{\"a\": 1}' FROM generate_series(0, 199) i")
+        policy = tmp_path / "x.toml"
+        policy.write_text(
+            f'[backend]\nkind = "postgres"\ndsn = "{dsn}"\n[ledger]\n'
+            f'path = "{tmp_path.as_posix()}/x.ledger.sqlite"\n[tables.t]\n'
+            'privacy_unit = "pid"\n[tables.t.columns]\n'
+            f'pid = {{ type = "int", nullable = false }}\n{_TEXT_COLUMNS}'
+            '[analysts.a]\nbudget = { epsilon = 1e9, delta = 0.5 }\ntables = ["t"]\n')
+        assert [released(policy, sql)[0][0] for sql, _ in _TEXT_QUERIES] \
+            == [count for _, count in _TEXT_QUERIES]
+        assert released(policy, "SELECT MODE(e) FROM t") == [("ok",)]
+
+
+_DATE_COLUMN = 'd = { type = "date", lower = "2000-01-01", upper = "2030-12-31" }\n'
+
+
+def _timestamps_as_days(policy: Path) -> None:
+    """What a timestamp column declared date answers: each row's day, 2020-01-02."""
+    import datetime
+
+    assert released(policy, "SELECT COUNT(*) FROM t WHERE d = '2020-01-02'") == [(200,)]
+    assert released(policy, "SELECT COUNT(*) FROM t WHERE d + 1 > DATE '2020-01-02'") \
+        == [(200,)]
+    assert released(policy, "SELECT AVG(d - DATE '2020-01-01') FROM t") == [(1.0,)]
+    (median,), = released(policy, "SELECT MEDIAN(d) FROM t")
+    assert abs(datetime.date.fromisoformat(str(median)) - datetime.date(2020, 1, 2)) \
+        < datetime.timedelta(days=31)
+
+
+@pytest.mark.parametrize("stored", ["TIMESTAMP", "TIMESTAMPTZ"])
+def test_duckdb_timestamps_declared_date_are_read_as_days(tmp_path: Path, stored: str
+                                                          ) -> None:
+    """A timestamp column declared date: MEDIAN and `d - DATE …` were charged, then
+    failed, `d + 1` failed planning, and `d = '2020-01-02'` counted no row of that day
+    at 10:00 while GROUP BY d released the day. Such a column is read as its day."""
+    _timestamps_as_days(duckdb_policy(tmp_path, "d", [
+        f"CREATE TABLE t (pid INTEGER, d {stored})",
+        "INSERT INTO t SELECT i, TIMESTAMP '2020-01-02 10:00:00' FROM range(200) r(i)"],
+        _DATE_COLUMN))
+
+
+@pytest.mark.parametrize("stored", ["timestamp", "timestamptz"])
+def test_postgres_timestamps_declared_date_are_read_as_days(pg_dsn: str, tmp_path: Path,
+                                                            stored: str) -> None:
+    """The same on PostgreSQL, where these failed planning, blaming dpproxy's rewrite."""
+    with scratch_database(pg_dsn) as dsn:
+        with psycopg.connect(dsn, autocommit=True) as con:
+            con.execute(f"CREATE TABLE t (pid INTEGER NOT NULL, d {stored})")
+            con.execute("INSERT INTO t SELECT i, TIMESTAMP '2020-01-02 10:00:00' "
+                        "FROM generate_series(1, 200) i")
+        policy = tmp_path / "d.toml"
+        policy.write_text(
+            f'[backend]\nkind = "postgres"\ndsn = "{dsn}"\n[ledger]\n'
+            f'path = "{tmp_path.as_posix()}/d.ledger.sqlite"\n[tables.t]\n'
+            'privacy_unit = "pid"\n[tables.t.columns]\n'
+            f'pid = {{ type = "int", nullable = false }}\n{_DATE_COLUMN}'
+            '[analysts.a]\nbudget = { epsilon = 1e9, delta = 0.5 }\ntables = ["t"]\n')
+        _timestamps_as_days(policy)

@@ -313,6 +313,37 @@ def stores_text(storage: str | None) -> bool:
         "xml", "bpchar", "enum("))
 
 
+# Text types as either backend names them (`ColumnPolicy.storage`): the backend reads such
+# a column as text itself
+_TEXT_STORAGE = frozenset({"varchar", "text", "character varying", "character", "bpchar",
+                           "citext", "name"})
+
+
+def reads_as_text(storage: str | None) -> bool:
+    """Whether a column of this database type compares, matches and concatenates as text
+    by itself: a text type, or a type not read (None). Any other column declared text
+    (uuid, json, an enum, a timestamp, a list) is read as its text (`read_as_declared`).
+
+    >>> reads_as_text("character varying"), reads_as_text("varchar"), reads_as_text(None)
+    (True, True, True)
+    >>> reads_as_text("uuid"), reads_as_text("enum('a', 'b')"), reads_as_text("jsonb")
+    (False, False, False)
+    """
+    return storage is None or storage.lower() in _TEXT_STORAGE
+
+
+def read_as_declared(bare: exp.Column, column: ColumnPolicy) -> exp.Expression:
+    """A column read as the type the policy declares, where the database stores another
+    that converts to it on every value: any type declared text as its text, a timestamp
+    declared date as its day. Read as stored, `u = 'x'` converted 'x' to a uuid, and MIN
+    of a timestamp declared date failed, after the charge (where a row reached it)."""
+    if column.type == "text" and not reads_as_text(column.storage):
+        return exp.cast(bare, exp.DataType.build("TEXT"))
+    if column.type == "date" and (column.storage or "").lower().startswith("timestamp"):
+        return exp.cast(bare, exp.DataType.build("DATE"))
+    return bare
+
+
 _V = TypeVar("_V")
 
 

@@ -55,6 +55,7 @@ from .analyze.expressions import (
     constant_digits,
     make_resolver,
     read_as_declared,
+    rebuilt,
     type_row_expression,
 )
 from .analyze.per_unit import PerUnit
@@ -145,20 +146,8 @@ def make_total(node: exp.Expression, table: TablePolicy, dialect: str = "duckdb"
         id(cast): integer(cast.this) for cast in node.find_all(exp.Cast, exp.TryCast)
         if cast.to.is_type(*exp.DataType.TEXT_TYPES)
     }
-    root = node.copy()
-    original = list(node.dfs())
-    copied = list(root.dfs())
-    # Children come before their parents in reversed pre-order, so each node is rebuilt
-    # over already-total children.
-    for old, new in zip(reversed(original), reversed(copied), strict=True):
-        replacement = _total_node(new, table, integer_division.get(id(old), False)
-                                  or integer_to_text.get(id(old), False))
-        if replacement is not new:
-            if new is root:
-                root = replacement
-            else:
-                new.replace(replacement)
-    return root
+    return rebuilt(node, lambda old, new: _total_node(
+        new, table, integer_division.get(id(old), False) or integer_to_text.get(id(old), False)))
 
 
 def _lenient(resolve):  # type: ignore[no-untyped-def]

@@ -48,6 +48,7 @@ from .analyze.expressions import (
     ExprType,
     make_resolver,
     read_as_declared,
+    rebuilt,
     type_row_expression,
 )
 from .errors import NotSupportedError
@@ -140,20 +141,7 @@ def make_total_postgres(node: exp.Expression, table: TablePolicy) -> exp.Express
         # a bare column computes nothing, so it cannot raise: no NUMERIC conversion (a
         # COUNT argument or a value to clamp is read as it is)
         return read_as_declared(exp.column(lookup(node).name, quoted=True), lookup(node))
-    root = node.copy()
-    original = list(node.dfs())
-    copied = list(root.dfs())
-    for old, new in zip(reversed(original), reversed(copied), strict=True):
-        # where `new` sits, read before a replacement may adopt it as a child
-        parent, key, index = new.parent, new.arg_key, new.index
-        replacement = _total_node(old, new, table, typed)
-        if replacement is not new:
-            if new is root:
-                root = replacement
-            else:
-                assert parent is not None and key is not None
-                parent.set(key, replacement, index)
-    return root
+    return rebuilt(node, lambda old, new: _total_node(old, new, table, typed))
 
 
 def _total_node(old: exp.Expression, new: exp.Expression, table: TablePolicy, typed: Typer

@@ -305,9 +305,11 @@ def parameter_type(text: str, dialect: str) -> exp.DataType:
     """The backend type a slot's parameter is cast to: DOUBLE on DuckDB (where numeric
     columns are compared in DOUBLE); on PostgreSQL the literal's own kind, BIGINT or
     NUMERIC, so the comparison is the one PostgreSQL makes with the literal as written."""
-    if dialect != "postgres":
-        return exp.DataType.build("DOUBLE")
-    return exp.DataType.build("BIGINT" if text.isdigit() else "DECIMAL")
+    name = "DOUBLE" if dialect != "postgres" else "BIGINT" if text.isdigit() else "DECIMAL"
+    return _PARAMETER_TYPES[name].copy()  # parsing the name for each slot cost most of it
+
+
+_PARAMETER_TYPES = {name: exp.DataType.build(name) for name in ("DOUBLE", "BIGINT", "DECIMAL")}
 
 
 def parameter_value(text: str) -> int | Decimal:

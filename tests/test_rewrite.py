@@ -476,9 +476,36 @@ TOTAL_TABLE = TablePolicy("t", {"a": ColumnPolicy("a", "int", 0, 10),
      'TRY_CAST("s" AS DATE) END'),
     ("LENGTH(s) + 1", 'CAST(LENGTH("s") AS DOUBLE) + CAST(1.0 AS DOUBLE)'),
     ("a * a * a", 'CAST("a" AS DOUBLE) * CAST("a" AS DOUBLE) * CAST("a" AS DOUBLE)'),
+    # children held in lists (rebuilt one list at a time)
+    ("a IN (1, b, 3)",
+     'CAST("a" AS DOUBLE) IN (CAST(1.0 AS DOUBLE), CAST("b" AS DOUBLE), CAST(3.0 AS DOUBLE))'),
+    ("COALESCE(a, b / 2, 1)",
+     'COALESCE(CAST("a" AS DOUBLE), TRUNC(CAST("b" AS DOUBLE) / NULLIF(CAST(2.0 AS DOUBLE), '
+     '0)), CAST(1.0 AS DOUBLE))'),
+    ("CASE WHEN a > 1 THEN 1 WHEN b < 2 THEN b ELSE 0 END",
+     'CASE WHEN CAST("a" AS DOUBLE) > CAST(1.0 AS DOUBLE) THEN CAST(1.0 AS DOUBLE) WHEN '
+     'CAST("b" AS DOUBLE) < CAST(2.0 AS DOUBLE) THEN CAST("b" AS DOUBLE) ELSE '
+     'CAST(0.0 AS DOUBLE) END'),
 ])
 def test_make_total_rewrites(sql: str, total: str) -> None:
     assert make_total(parse_one(sql, read="postgres"), TOTAL_TABLE).sql("duckdb") == total
+
+
+@pytest.mark.parametrize("dialect", ["duckdb", "postgres"])
+def test_a_total_tree_is_linked_and_the_input_untouched(dialect: str) -> None:
+    """Each node of a total expression sits where its parent holds it (the rewrite sets a
+    list of children once, not child by child), and the input is left as written."""
+    sql = "COALESCE(a, 2) IN (" + ", ".join(f"{i}, b + {i}" for i in range(300)) + ")"
+    tree = parse_one(sql, read="postgres")
+    total = make_total(tree, TOTAL_TABLE, dialect)
+    for node in total.walk():
+        if node is not total:
+            held = node.parent.args[node.arg_key]
+            assert (held if node.index is None else held[node.index]) is node
+    assert tree.sql("postgres") == parse_one(sql, read="postgres").sql("postgres")
+    # every item was rebuilt: no bare literal is left in the list
+    assert len(total.expressions) == 600 \
+        and not any(isinstance(e, exp.Literal) for e in total.expressions)
 
 
 @pytest.mark.parametrize(("sql", "expected"), [

@@ -579,9 +579,15 @@ def joined_source(analysis: Analysis, row_ids: bool) -> exp.Expression:
     public = {f"{j.prefix}.{name}": (f"__t{i + 1}", name)
               for i, j in enumerate(analysis.joins) for name in j.table.columns}
 
+    policies = {**table.columns, **{f"{j.prefix}.{name}": c for j in analysis.joins
+                                    for name, c in j.table.columns.items()}}
+
     def ref(name: str) -> exp.Column:
         alias, column = public.get(name, ("__t0", name))
         return exp.column(column, table=alias, quoted=True)
+
+    def declared(column: exp.Column, policy: ColumnPolicy | None) -> exp.Expression:
+        return column if policy is None else read_as_declared(column, policy)
 
     private: exp.Expression = _quoted_table(table.name)
     if row_ids:
@@ -608,8 +614,13 @@ def joined_source(analysis: Analysis, row_ids: bool) -> exp.Expression:
                 exp.to_identifier(f"__t{i}", quoted=True), copy=False)
         else:
             target = target.as_(f"__t{i}", quoted=True, copy=False)
-        on = exp.and_(*(exp.EQ(this=ref(left), expression=exp.column(
-            right, table=f"__t{i}", quoted=True)) for left, right in join.keys), copy=False)
+        # each key read as declared: a uuid key declared text compared with a text key
+        # failed on PostgreSQL, and on DuckDB where a key was no uuid, after the charge
+        on = exp.and_(*(exp.EQ(this=declared(ref(left), policies.get(left)),
+                               expression=declared(exp.column(right, table=f"__t{i}",
+                                                              quoted=True),
+                                                   join.table.columns.get(right)))
+                        for left, right in join.keys), copy=False)
         joined = joined.join(target, on=on, join_type="LEFT" if join.left else "INNER",
                              copy=False)
     return joined

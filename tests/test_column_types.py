@@ -466,3 +466,55 @@ def test_postgres_timestamps_declared_date_are_read_as_days(pg_dsn: str, tmp_pat
             f'pid = {{ type = "int", nullable = false }}\n{_DATE_COLUMN}'
             '[analysts.a]\nbudget = { epsilon = 1e9, delta = 0.5 }\ntables = ["t"]\n')
         _timestamps_as_days(policy)
+
+
+_JOIN_POLICY = """
+[tables.t]
+privacy_unit = "pid"
+columns.pid = { type = "int", nullable = false }
+columns.u = { type = "text" }
+[tables.lut]
+public = true
+columns.k = { type = "text", unique = true }
+columns.label = { type = "text", public_values = ["A", "B"] }
+[analysts.a]
+budget = { epsilon = 1e9, delta = 0.5 }
+tables = ["t"]
+"""
+_JOIN_SQL = "SELECT lut.label, COUNT(*) FROM t JOIN lut ON t.u = lut.k GROUP BY lut.label"
+_UUID = "00000000-0000-4000-8000-000000000001"
+
+
+@pytest.mark.parametrize("backend", ["duckdb", "postgres"])
+def test_a_uuid_join_key_declared_text_meets_a_text_key(pg_dsn: str, tmp_path: Path,
+                                                         backend: str) -> None:
+    """A uuid key declared text joined with a text key of a lookup table: PostgreSQL has
+    no uuid = text (planning failed), and DuckDB converted the lookup's keys to UUID,
+    failing after the charge on one that is no uuid ('x'). Both keys are read as text."""
+    lut = [(_UUID, "A"), ("x", "B")]
+    if backend == "duckdb":
+        import duckdb
+
+        database = tmp_path / "j.duckdb"
+        con = duckdb.connect(str(database))
+        con.execute("CREATE TABLE t (pid INTEGER NOT NULL, u UUID)")
+        con.execute(f"INSERT INTO t SELECT i, '{_UUID}' FROM range(100) r(i)")
+        con.execute("CREATE TABLE lut (k VARCHAR, label VARCHAR)")
+        con.executemany("INSERT INTO lut VALUES (?, ?)", lut)
+        con.close()
+        policy = tmp_path / "j.toml"
+        policy.write_text(f'[backend]\nkind = "duckdb"\npath = "{database.as_posix()}"\n'
+                          f'[ledger]\npath = "{tmp_path.as_posix()}/j.sqlite"\n{_JOIN_POLICY}')
+        assert released(policy, _JOIN_SQL) == [("A", 100), ("B", 0)]
+        return
+    with scratch_database(pg_dsn) as dsn:
+        with psycopg.connect(dsn, autocommit=True) as con:
+            con.execute("CREATE TABLE t (pid INTEGER NOT NULL, u UUID)")
+            con.execute(f"INSERT INTO t SELECT i, '{_UUID}' FROM generate_series(1, 100) i")
+            con.execute("CREATE TABLE lut (k TEXT, label TEXT)")
+            with con.cursor() as cur:
+                cur.executemany("INSERT INTO lut VALUES (%s, %s)", lut)
+        policy = tmp_path / "j.toml"
+        policy.write_text(f'[backend]\nkind = "postgres"\ndsn = "{dsn}"\n'
+                          f'[ledger]\npath = "{tmp_path.as_posix()}/j.sqlite"\n{_JOIN_POLICY}')
+        assert released(policy, _JOIN_SQL) == [("A", 100), ("B", 0)]

@@ -755,8 +755,15 @@ def _check_for(plan: QueryPlan, dialect: str, counts_groups: bool) -> BoundCheck
 
 def _key_expression(key: GroupKey, table: TablePolicy, dialect: str) -> exp.Expression:
     # an expression key is computed once per row, made total like any row expression
-    value = exp.column(key.column.name, quoted=True) if key.expression is None \
-        else make_total(key.expression, table, dialect)
+    if key.expression is not None:
+        value = make_total(key.expression, table, dialect)
+    else:
+        value = exp.column(key.column.name, quoted=True)
+        column = table.column(key.column.name)
+        if column is not None and key.column.type in ("bool", "int", "float"):
+            # a smallint declared bool keyed as true and false, not 1 and 0 (text and date
+            # keys are read as their text and day by released_key)
+            value = read_as_declared(value, column)
     return released_key(value, key, table, dialect)
 
 

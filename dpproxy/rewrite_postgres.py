@@ -156,7 +156,7 @@ def _total_node(old: exp.Expression, new: exp.Expression, table: TablePolicy, ty
         # NUMERIC holds up to 10^131072 (the engine reads types without their modifiers,
         # so a numeric(10,2) column is held too: one CASE per use)
         return _within_column_digits(_numeric(bare)) if column.storage == "numeric" \
-            else _numeric(bare)
+            else _numeric(read_as_declared(bare, column))
     if isinstance(new, exp.Literal) and not new.is_string:
         # NUMERIC, not int4: CASE WHEN … THEN 2147483647 END * 2 cannot overflow. Kept:
         # ROUND's digits and the days of date ± n, which PostgreSQL wants as integers.
@@ -205,7 +205,7 @@ def _total_node(old: exp.Expression, new: exp.Expression, table: TablePolicy, ty
             if typed(old.args[arg]).kind != "text":
                 new.set(arg, exp.cast(new.args[arg], _TEXT.copy()))
         return new
-    if isinstance(new, _COMPARISONS) and all(_plain_number(old.args[arg], typed)
+    if isinstance(new, _COMPARISONS) and all(_plain_number(old.args[arg], typed, table)
                                              for arg in ("this", "expression")):
         # comparing numeric columns and number literals cannot raise (PostgreSQL widens
         # within its numeric types): no NUMERIC conversion of every row
@@ -221,10 +221,13 @@ def _total_node(old: exp.Expression, new: exp.Expression, table: TablePolicy, ty
     return new
 
 
-def _plain_number(node: exp.Expression, typed: Typer) -> bool:
-    """A numeric column, or a number literal well inside every numeric type's range."""
+def _plain_number(node: exp.Expression, typed: Typer, table: TablePolicy) -> bool:
+    """A numeric column stored as a number, or a number literal well inside every numeric
+    type's range."""
     if isinstance(node, exp.Column):
-        return typed(node).kind == "num"
+        column = table.column(node.name)
+        return typed(node).kind == "num" and column is not None \
+            and read_as_declared(node, column) is node
     if isinstance(node, exp.Neg):
         node = node.this
     return isinstance(node, exp.Literal) and not node.is_string \

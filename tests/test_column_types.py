@@ -206,6 +206,22 @@ def duckdb_policy(tmp_path: Path, name: str, statements: list[str], columns: str
     return policy
 
 
+def postgres_policy(dsn: str, tmp_path: Path, name: str, statements: list[str],
+                    columns: str) -> Path:
+    """duckdb_policy's twin on the PostgreSQL database `dsn`: `statements` run there, and
+    a policy on it: table t of privacy unit pid with these column lines, analyst a."""
+    with psycopg.connect(dsn, autocommit=True) as con:
+        for statement in statements:
+            con.execute(statement)
+    policy = tmp_path / f"{name}.toml"
+    policy.write_text(f'[backend]\nkind = "postgres"\ndsn = "{dsn}"\n'
+                      f'[ledger]\npath = "{tmp_path.as_posix()}/{name}.ledger.sqlite"\n'
+                      '[tables.t]\nprivacy_unit = "pid"\n[tables.t.columns]\n'
+                      f'pid = {{ type = "int", nullable = false }}\n{columns}'
+                      '[analysts.a]\nbudget = { epsilon = 1e9, delta = 0.5 }\ntables = ["t"]\n')
+    return policy
+
+
 def released(policy: Path, sql: str) -> list[tuple[object, ...]]:
     """The released rows of `sql` at ε = 1e6."""
     with Engine.from_path(policy) as engine:
@@ -403,19 +419,12 @@ def test_postgres_columns_declared_text_are_read_as_text(pg_dsn: str, tmp_path: 
     a message blaming dpproxy): 'x' and '2' read as a uuid or an enum label, LIKE on a
     uuid, an array or jsonb. MODE of an enum with public values was refused alike."""
     with scratch_database(pg_dsn) as dsn:
-        with psycopg.connect(dsn, autocommit=True) as con:
-            con.execute("CREATE TYPE mood AS ENUM ('sad', 'ok')")
-            con.execute("CREATE TABLE t (pid INTEGER NOT NULL, u UUID, ts TIMESTAMP, "
-                        "e mood, l INTEGER[], j JSONB)")
-            con.execute(f"INSERT INTO t SELECT i, {_TEXT_ROWS}, ARRAY[i % 2], "
-                        "'{\"a\": 1}' FROM generate_series(0, 199) i")
-        policy = tmp_path / "x.toml"
-        policy.write_text(
-            f'[backend]\nkind = "postgres"\ndsn = "{dsn}"\n[ledger]\n'
-            f'path = "{tmp_path.as_posix()}/x.ledger.sqlite"\n[tables.t]\n'
-            'privacy_unit = "pid"\n[tables.t.columns]\n'
-            f'pid = {{ type = "int", nullable = false }}\n{_TEXT_COLUMNS}'
-            '[analysts.a]\nbudget = { epsilon = 1e9, delta = 0.5 }\ntables = ["t"]\n')
+        policy = postgres_policy(dsn, tmp_path, "x", [
+            "CREATE TYPE mood AS ENUM ('sad', 'ok')",
+            "CREATE TABLE t (pid INTEGER NOT NULL, u UUID, ts TIMESTAMP, e mood, "
+            "l INTEGER[], j JSONB)",
+            f"INSERT INTO t SELECT i, {_TEXT_ROWS}, ARRAY[i % 2], '{{\"a\": 1}}' "
+            "FROM generate_series(0, 199) i"], _TEXT_COLUMNS)
         assert [released(policy, sql)[0][0] for sql, _ in _TEXT_QUERIES] \
             == [count for _, count in _TEXT_QUERIES]
         assert released(policy, "SELECT MODE(e) FROM t") == [("ok",)]
@@ -454,18 +463,10 @@ def test_postgres_timestamps_declared_date_are_read_as_days(pg_dsn: str, tmp_pat
                                                             stored: str) -> None:
     """The same on PostgreSQL, where these failed planning, blaming dpproxy's rewrite."""
     with scratch_database(pg_dsn) as dsn:
-        with psycopg.connect(dsn, autocommit=True) as con:
-            con.execute(f"CREATE TABLE t (pid INTEGER NOT NULL, d {stored})")
-            con.execute("INSERT INTO t SELECT i, TIMESTAMP '2020-01-02 10:00:00' "
-                        "FROM generate_series(1, 200) i")
-        policy = tmp_path / "d.toml"
-        policy.write_text(
-            f'[backend]\nkind = "postgres"\ndsn = "{dsn}"\n[ledger]\n'
-            f'path = "{tmp_path.as_posix()}/d.ledger.sqlite"\n[tables.t]\n'
-            'privacy_unit = "pid"\n[tables.t.columns]\n'
-            f'pid = {{ type = "int", nullable = false }}\n{_DATE_COLUMN}'
-            '[analysts.a]\nbudget = { epsilon = 1e9, delta = 0.5 }\ntables = ["t"]\n')
-        _timestamps_as_days(policy)
+        _timestamps_as_days(postgres_policy(dsn, tmp_path, "d", [
+            f"CREATE TABLE t (pid INTEGER NOT NULL, d {stored})",
+            "INSERT INTO t SELECT i, TIMESTAMP '2020-01-02 10:00:00' "
+            "FROM generate_series(1, 200) i"], _DATE_COLUMN))
 
 
 _JOIN_POLICY = """
@@ -518,3 +519,40 @@ def test_a_uuid_join_key_declared_text_meets_a_text_key(pg_dsn: str, tmp_path: P
         policy.write_text(f'[backend]\nkind = "postgres"\ndsn = "{dsn}"\n'
                           f'[ledger]\npath = "{tmp_path.as_posix()}/j.sqlite"\n{_JOIN_POLICY}')
         assert released(policy, _JOIN_SQL) == [("A", 100), ("B", 0)]
+
+
+_FLAG_COLUMNS = ('f = { type = "bool" }\nc = { type = "bool", public_values = [true, false] }\n'
+                 'b = { type = "int", lower = 0, upper = 1 }\n')
+_FLAG_QUERIES = [
+    ("SELECT COUNT(*) FROM t WHERE f", [(50,)]),
+    ("SELECT COUNT(*) FROM t WHERE NOT f AND c = false", [(50,)]),
+    ("SELECT f, COUNT(*) FROM t GROUP BY f ORDER BY f", [(False, 50), (True, 50)]),
+    ("SELECT c, COUNT(*) FROM t GROUP BY c ORDER BY c", [(False, 50), (True, 50)]),
+    ("SELECT SUM(b) FROM t", [(50,)]),
+    ("SELECT COUNT(*) FROM t WHERE b > 0", [(50,)]),
+]
+
+
+@pytest.mark.parametrize("backend", ["duckdb", "postgres"])
+def test_numbers_declared_bool_and_booleans_declared_numbers(pg_dsn: str, tmp_path: Path,
+                                                             backend: str) -> None:
+    """A smallint of 0 and 1 declared bool, and a boolean declared int: on PostgreSQL
+    `WHERE f`, GROUP BY of public truth values, SUM(b) and `b > 0` failed planning
+    (a message blaming dpproxy), and on both a key f was released as 0 and 1. They are
+    read as `f <> 0` and as 1 or 0."""
+    table = ["CREATE TABLE t (pid INTEGER NOT NULL, f SMALLINT, c INTEGER, b BOOLEAN)"]
+    if backend == "duckdb":
+        policy = duckdb_policy(tmp_path, "f", [
+            *table, "INSERT INTO t SELECT i, i % 2, i % 2, i % 2 = 0 FROM range(100) r(i)"],
+            _FLAG_COLUMNS)
+        # repr: False == 0, so only the text tells a truth value from a number
+        assert repr([released(policy, sql) for sql, _ in _FLAG_QUERIES]) \
+            == repr([rows for _, rows in _FLAG_QUERIES])
+        return
+    with scratch_database(pg_dsn) as dsn:
+        policy = postgres_policy(dsn, tmp_path, "f", [
+            *table, "INSERT INTO t SELECT i, i % 2, i % 2, i % 2 = 0 "
+            "FROM generate_series(0, 99) i"], _FLAG_COLUMNS)
+        # repr: False == 0, so only the text tells a truth value from a number
+        assert repr([released(policy, sql) for sql, _ in _FLAG_QUERIES]) \
+            == repr([rows for _, rows in _FLAG_QUERIES])

@@ -335,12 +335,19 @@ def reads_as_text(storage: str | None) -> bool:
 def read_as_declared(bare: exp.Column, column: ColumnPolicy) -> exp.Expression:
     """A column read as the type the policy declares, where the database stores another
     that converts to it on every value: any type declared text as its text, a timestamp
-    declared date as its day. Read as stored, `u = 'x'` converted 'x' to a uuid, and MIN
-    of a timestamp declared date failed, after the charge (where a row reached it)."""
+    declared date as its day, a boolean declared a number as 1 or 0, a number declared
+    bool as whether it is not 0. Read as stored, `u = 'x'` converted 'x' to a uuid, and
+    MIN of a timestamp declared date failed, after the charge (where a row reached it);
+    PostgreSQL could not plan `WHERE flag` over a smallint or SUM of a boolean."""
+    storage = (column.storage or "").lower()
     if column.type == "text" and not reads_as_text(column.storage):
         return exp.cast(bare, exp.DataType.build("TEXT"))
-    if column.type == "date" and (column.storage or "").lower().startswith("timestamp"):
+    if column.type == "date" and storage.startswith("timestamp"):
         return exp.cast(bare, exp.DataType.build("DATE"))
+    if column.type in ("int", "float") and storage == "boolean":
+        return exp.cast(bare, exp.DataType.build("INT"))
+    if column.type == "bool" and storage not in ("", "boolean") and not stores_text(storage):
+        return exp.paren(exp.NEQ(this=bare, expression=exp.Literal.number(0)), copy=False)
     return bare
 
 

@@ -9,6 +9,7 @@ declared a number or date, NUMERIC without a precision."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -399,32 +400,41 @@ _TEXT_ROWS = ("CAST('00000000-0000-4000-8000-' || lpad(CAST(i AS TEXT), 12, '0')
               "TIMESTAMP '2020-01-01 10:00:00', CAST('ok' AS mood)")
 
 
-def test_duckdb_columns_declared_text_are_read_as_text(tmp_path: Path) -> None:
-    """A uuid, timestamp, enum, list or JSON column declared text: `u = 'x'` converted
-    'x' to a UUID and failed after the charge, where a row reached it; LIKE, ||, UPPER or
-    SUBSTRING of one failed planning. Such a column is read as its text."""
-    policy = duckdb_policy(tmp_path, "x", [
-        "CREATE TYPE mood AS ENUM ('sad', 'ok')",
-        "CREATE TABLE t (pid INTEGER, u UUID, ts TIMESTAMP, e mood, l INTEGER[], j JSON)",
-        f"INSERT INTO t SELECT i, {_TEXT_ROWS}, [i % 2], '{{\"a\": 1}}' "
-        "FROM range(200) r(i)"], _TEXT_COLUMNS)
-    assert [released(policy, sql)[0][0] for sql, _ in _TEXT_QUERIES] \
-        == [count for _, count in _TEXT_QUERIES]
-    assert released(policy, "SELECT MODE(e) FROM t") == [("ok",)]
-
-
-def test_postgres_columns_declared_text_are_read_as_text(pg_dsn: str, tmp_path: Path
-                                                         ) -> None:
-    """The same on PostgreSQL, where each of these failed planning (nothing charged, but
-    a message blaming dpproxy): 'x' and '2' read as a uuid or an enum label, LIKE on a
-    uuid, an array or jsonb. MODE of an enum with public values was refused alike."""
+@contextlib.contextmanager
+def policy_on(backend: str, pg_dsn: str, tmp_path: Path, name: str,
+              statements: list[str], columns: str) -> Iterator[Path]:
+    """duckdb_policy, or postgres_policy on a scratch database, by `backend`; "{rows}" in
+    a statement reads as that backend's FROM clause of i = 0 … 199."""
+    rows = ROWS[backend]
+    statements = [s.replace("{rows}", rows) for s in statements]
+    if backend == "duckdb":
+        yield duckdb_policy(tmp_path, name, statements, columns)
+        return
     with scratch_database(pg_dsn) as dsn:
-        policy = postgres_policy(dsn, tmp_path, "x", [
+        yield postgres_policy(dsn, tmp_path, name, statements, columns)
+
+
+ROWS = {"duckdb": "FROM range(200) r(i)", "postgres": "FROM generate_series(0, 199) i"}
+BACKENDS = ["duckdb", "postgres"]
+# the types a backend names otherwise
+_JSON, _LIST = {"duckdb": "JSON", "postgres": "JSONB"}, {"duckdb": "[i % 2]",
+                                                         "postgres": "ARRAY[i % 2]"}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_columns_declared_text_are_read_as_text(pg_dsn: str, tmp_path: Path, backend: str
+                                                ) -> None:
+    """A uuid, timestamp, enum, list or JSON column declared text. DuckDB converted 'x'
+    in `u = 'x'` to a UUID and failed after the charge, where a row reached it; LIKE, ||,
+    UPPER or SUBSTRING of one failed planning. PostgreSQL failed planning for each of
+    these (nothing charged, but a message blaming dpproxy), and for MODE of an enum with
+    public values. Such a column is read as its text."""
+    with policy_on(backend, pg_dsn, tmp_path, "x", [
             "CREATE TYPE mood AS ENUM ('sad', 'ok')",
             "CREATE TABLE t (pid INTEGER NOT NULL, u UUID, ts TIMESTAMP, e mood, "
-            "l INTEGER[], j JSONB)",
-            f"INSERT INTO t SELECT i, {_TEXT_ROWS}, ARRAY[i % 2], '{{\"a\": 1}}' "
-            "FROM generate_series(0, 199) i"], _TEXT_COLUMNS)
+            f"l INTEGER[], j {_JSON[backend]})",
+            f"INSERT INTO t SELECT i, {_TEXT_ROWS}, {_LIST[backend]}, '{{\"a\": 1}}' {{rows}}"],
+            _TEXT_COLUMNS) as policy:
         assert [released(policy, sql)[0][0] for sql, _ in _TEXT_QUERIES] \
             == [count for _, count in _TEXT_QUERIES]
         assert released(policy, "SELECT MODE(e) FROM t") == [("ok",)]
@@ -433,40 +443,28 @@ def test_postgres_columns_declared_text_are_read_as_text(pg_dsn: str, tmp_path: 
 _DATE_COLUMN = 'd = { type = "date", lower = "2000-01-01", upper = "2030-12-31" }\n'
 
 
-def _timestamps_as_days(policy: Path) -> None:
-    """What a timestamp column declared date answers: each row's day, 2020-01-02."""
+@pytest.mark.parametrize(("backend", "stored"), [
+    ("duckdb", "TIMESTAMP"), ("duckdb", "TIMESTAMPTZ"),
+    ("postgres", "timestamp"), ("postgres", "timestamptz")])
+def test_timestamps_declared_date_are_read_as_days(pg_dsn: str, tmp_path: Path, backend: str,
+                                                   stored: str) -> None:
+    """A timestamp column declared date. On DuckDB MEDIAN and `d - DATE …` were charged,
+    then failed, and `d + 1` failed planning; on PostgreSQL these failed planning, blaming
+    dpproxy's rewrite. On both `d = '2020-01-02'` counted no row of that day at 10:00
+    while GROUP BY d released the day. Such a column is read as its day."""
     import datetime
 
-    assert released(policy, "SELECT COUNT(*) FROM t WHERE d = '2020-01-02'") == [(200,)]
-    assert released(policy, "SELECT COUNT(*) FROM t WHERE d + 1 > DATE '2020-01-02'") \
-        == [(200,)]
-    assert released(policy, "SELECT AVG(d - DATE '2020-01-01') FROM t") == [(1.0,)]
-    (median,), = released(policy, "SELECT MEDIAN(d) FROM t")
-    assert abs(datetime.date.fromisoformat(str(median)) - datetime.date(2020, 1, 2)) \
-        < datetime.timedelta(days=31)
-
-
-@pytest.mark.parametrize("stored", ["TIMESTAMP", "TIMESTAMPTZ"])
-def test_duckdb_timestamps_declared_date_are_read_as_days(tmp_path: Path, stored: str
-                                                          ) -> None:
-    """A timestamp column declared date: MEDIAN and `d - DATE …` were charged, then
-    failed, `d + 1` failed planning, and `d = '2020-01-02'` counted no row of that day
-    at 10:00 while GROUP BY d released the day. Such a column is read as its day."""
-    _timestamps_as_days(duckdb_policy(tmp_path, "d", [
-        f"CREATE TABLE t (pid INTEGER, d {stored})",
-        "INSERT INTO t SELECT i, TIMESTAMP '2020-01-02 10:00:00' FROM range(200) r(i)"],
-        _DATE_COLUMN))
-
-
-@pytest.mark.parametrize("stored", ["timestamp", "timestamptz"])
-def test_postgres_timestamps_declared_date_are_read_as_days(pg_dsn: str, tmp_path: Path,
-                                                            stored: str) -> None:
-    """The same on PostgreSQL, where these failed planning, blaming dpproxy's rewrite."""
-    with scratch_database(pg_dsn) as dsn:
-        _timestamps_as_days(postgres_policy(dsn, tmp_path, "d", [
+    with policy_on(backend, pg_dsn, tmp_path, "d", [
             f"CREATE TABLE t (pid INTEGER NOT NULL, d {stored})",
-            "INSERT INTO t SELECT i, TIMESTAMP '2020-01-02 10:00:00' "
-            "FROM generate_series(1, 200) i"], _DATE_COLUMN))
+            "INSERT INTO t SELECT i, TIMESTAMP '2020-01-02 10:00:00' {rows}"],
+            _DATE_COLUMN) as policy:
+        assert released(policy, "SELECT COUNT(*) FROM t WHERE d = '2020-01-02'") == [(200,)]
+        assert released(policy, "SELECT COUNT(*) FROM t WHERE d + 1 > DATE '2020-01-02'") \
+            == [(200,)]
+        assert released(policy, "SELECT AVG(d - DATE '2020-01-01') FROM t") == [(1.0,)]
+        (median,), = released(policy, "SELECT MEDIAN(d) FROM t")
+        assert abs(datetime.date.fromisoformat(str(median)) - datetime.date(2020, 1, 2)) \
+            < datetime.timedelta(days=31)
 
 
 _JOIN_POLICY = """
@@ -533,26 +531,17 @@ _FLAG_QUERIES = [
 ]
 
 
-@pytest.mark.parametrize("backend", ["duckdb", "postgres"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_numbers_declared_bool_and_booleans_declared_numbers(pg_dsn: str, tmp_path: Path,
                                                              backend: str) -> None:
     """A smallint of 0 and 1 declared bool, and a boolean declared int: on PostgreSQL
     `WHERE f`, GROUP BY of public truth values, SUM(b) and `b > 0` failed planning
     (a message blaming dpproxy), and on both a key f was released as 0 and 1. They are
     read as `f <> 0` and as 1 or 0."""
-    table = ["CREATE TABLE t (pid INTEGER NOT NULL, f SMALLINT, c INTEGER, b BOOLEAN)"]
-    if backend == "duckdb":
-        policy = duckdb_policy(tmp_path, "f", [
-            *table, "INSERT INTO t SELECT i, i % 2, i % 2, i % 2 = 0 FROM range(100) r(i)"],
-            _FLAG_COLUMNS)
-        # repr: False == 0, so only the text tells a truth value from a number
-        assert repr([released(policy, sql) for sql, _ in _FLAG_QUERIES]) \
-            == repr([rows for _, rows in _FLAG_QUERIES])
-        return
-    with scratch_database(pg_dsn) as dsn:
-        policy = postgres_policy(dsn, tmp_path, "f", [
-            *table, "INSERT INTO t SELECT i, i % 2, i % 2, i % 2 = 0 "
-            "FROM generate_series(0, 99) i"], _FLAG_COLUMNS)
+    with policy_on(backend, pg_dsn, tmp_path, "f", [
+            "CREATE TABLE t (pid INTEGER NOT NULL, f SMALLINT, c INTEGER, b BOOLEAN)",
+            "INSERT INTO t SELECT i, i % 2, i % 2, i % 2 = 0 {rows} WHERE i < 100"],
+            _FLAG_COLUMNS) as policy:
         # repr: False == 0, so only the text tells a truth value from a number
         assert repr([released(policy, sql) for sql, _ in _FLAG_QUERIES]) \
             == repr([rows for _, rows in _FLAG_QUERIES])

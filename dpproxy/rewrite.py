@@ -604,7 +604,10 @@ def joined_source(analysis: Analysis, row_ids: bool) -> exp.Expression:
     for i, join in enumerate(analysis.joins, start=1):
         target: exp.Expression = _quoted_table(join.table.name)
         if join.unique_key is not None:
-            key = exp.column(join.unique_key, quoted=True)
+            # one row per key as the join reads it: 50 timestamps of one day, their key
+            # declared date, were 50 rows for each joined row
+            key = declared(exp.column(join.unique_key, quoted=True),
+                           join.table.columns.get(join.unique_key))
             deduplicated = exp.select(exp.Star(), copy=False).from_(target, copy=False)
             deduplicated.set("distinct", exp.Distinct(on=exp.Tuple(expressions=[key])))
             # then every column: the same row is kept each time, even if the claim is false

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -364,6 +365,40 @@ def test_duckdb_enums_and_text_booleans_declared_otherwise_are_refused(
         assert engine.ledger.history() == []
 
 
+@pytest.mark.parametrize(("stored", "value", "declared", "sql"), [
+    ("DATE", "DATE '2020-01-01'", 'type = "int", lower = 0, upper = 9',
+     "SELECT COUNT(*) FROM t WHERE pid = 7 AND c > 0"),
+    ("INTERVAL", "INTERVAL 1 DAY", 'type = "float", lower = 0, upper = 9',
+     "SELECT SUM(c) FROM t WHERE pid = 7"),
+    ("TIME", "TIME '10:00'", 'type = "int", lower = 0, upper = 9',
+     "SELECT COUNT(*) FROM t WHERE pid = 7 AND c > 0"),
+    ("TIMESTAMP", "TIMESTAMP '2020-01-01'", 'type = "bool"',
+     "SELECT COUNT(*) FROM t WHERE pid = 7 AND c"),
+    ("INTEGER[]", "[1]", 'type = "bool"', "SELECT COUNT(*) FROM t WHERE pid = 7 AND c"),
+    ("BIT", "'1'::BIT", 'type = "bool"', "SELECT COUNT(*) FROM t WHERE pid = 7 AND c"),
+    ("INTEGER", "1", 'type = "date", public_values = ["2020-01-01"]',
+     "SELECT c, COUNT(*) FROM t WHERE pid = 7 GROUP BY c"),
+])
+def test_duckdb_storage_unreadable_as_declared_is_refused_uncharged(
+        tmp_path: Path, stored: str, value: str, declared: str, sql: str) -> None:
+    """A DATE, TIME or INTERVAL declared a number, a timestamp, list or BIT declared bool,
+    an integer declared date: DuckDB plans the conversion but runs it per row, so the
+    query was charged and then failed only where person 7 had a row (whether it failed
+    told whether they are in the table). Refused before the charge, whatever the data."""
+    from dpproxy import errors
+
+    for present in (True, False):
+        policy = duckdb_policy(tmp_path, f"u{present}", [
+            f"CREATE TABLE t (pid INTEGER NOT NULL, c {stored})",
+            f"INSERT INTO t SELECT i, {value} FROM range({0 if present else 8}, 50) r(i)"],
+            f"c = {{ {declared} }}\n")
+        with Engine.from_path(policy) as engine:
+            with pytest.raises(errors.DatatypeMismatch,
+                               match=re.escape(f"stored as {stored.lower()}")):
+                engine.session("a", epsilon=0.5).execute(sql)
+            assert engine.ledger.history() == []
+
+
 def test_duckdb_text_expression_keys_of_other_types_are_answered(tmp_path: Path) -> None:
     """`k COLLATE c` takes VARCHAR only: an expression key of an ENUM, or a NULL, failed
     planning (nothing charged, but no answer) until it was cast first."""
@@ -545,3 +580,42 @@ def test_numbers_declared_bool_and_booleans_declared_numbers(pg_dsn: str, tmp_pa
         # repr: False == 0, so only the text tells a truth value from a number
         assert repr([released(policy, sql) for sql, _ in _FLAG_QUERIES]) \
             == repr([rows for _, rows in _FLAG_QUERIES])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_unique_join_key_is_one_row_per_key_as_declared(pg_dsn: str, tmp_path: Path,
+                                                          backend: str) -> None:
+    """A lookup key declared a unique date but stored as 50 timestamps of one day: the
+    lookup was made unique by its stored value and joined by its day, so the one row of
+    a table without privacy unit (each row its own unit, no bound after a unique join)
+    was counted 50 times, with noise for 1. It is made unique by the key as joined."""
+    lookup = ", ".join(f"(TIMESTAMP '2020-01-02 {h:02d}:{m:02d}:00', 'A')"
+                       for h in range(5) for m in range(10))
+    columns = ('d = { type = "date", lower = "2020-01-01", upper = "2020-12-31" }\n'
+               '[tables.lut]\npublic = true\n[tables.lut.columns]\n'
+               'k = { type = "date", unique = true }\n'
+               'label = { type = "text", public_values = ["A", "B"] }\n')
+    with policy_on(backend, pg_dsn, tmp_path, "u", [
+            "CREATE TABLE t (pid INTEGER NOT NULL, d DATE)",
+            "INSERT INTO t VALUES (1, DATE '2020-01-02')",
+            "CREATE TABLE lut (k TIMESTAMP, label TEXT)",
+            f"INSERT INTO lut VALUES {lookup}"], columns) as policy:
+        assert released(policy, "SELECT COUNT(*) FROM t JOIN lut ON t.d = lut.k") == [(1,)]
+
+
+def test_postgres_money_declared_a_number(pg_dsn: str, tmp_path: Path) -> None:
+    """PostgreSQL has no money > numeric nor ABS(money): `c > 1` and GROUP BY c failed
+    planning, blaming dpproxy's rewrite. A money column declared a number is read as
+    its NUMERIC value; declared bool, it is refused (money has no <> 0)."""
+    from dpproxy import errors
+
+    with scratch_database(pg_dsn) as dsn:
+        policy = postgres_policy(dsn, tmp_path, "m", [
+            "CREATE TABLE t (pid INTEGER NOT NULL, c MONEY, f MONEY)",
+            "INSERT INTO t SELECT i, 1 + i % 2, 0 FROM generate_series(1, 100) i"],
+            'c = { type = "float", lower = 0, upper = 10 }\nf = { type = "bool" }\n')
+        assert released(policy, "SELECT COUNT(*) FROM t WHERE c > 1") == [(50,)]
+        assert released(policy, "SELECT c, COUNT(*) FROM t GROUP BY c ORDER BY c") \
+            == [(1.0, 50), (2.0, 50)]
+        with pytest.raises(errors.DatatypeMismatch, match="stored as money"):
+            released(policy, "SELECT COUNT(*) FROM t WHERE f")

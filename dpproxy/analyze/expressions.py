@@ -282,35 +282,62 @@ def make_resolver(table_name: str, alias: str | None, columns: Mapping[str, Colu
             raise UndefinedColumn(
                 f"column {node.name!r} of table {table_name} is in the policy but not in "
                 "the database", hint="ask the data owner to fix the policy")
-        if policy.type in ("int", "float", "date", "bool") and stores_text(policy.storage):
-            # each value would be cast per row, and a row that is no number (or date)
+        if not readable_as_declared(policy):
+            # each value would be converted per row, and a row the conversion fails on
             # would fail the query: whether it did would tell that such a row exists
             raise DatatypeMismatch(
                 f"column {node.name!r} of table {table_name} is declared {policy.type} in "
                 f"the policy but stored as {policy.storage}",
                 hint="ask the data owner to declare it text, or to store it as "
-                     + {"date": "a date", "bool": "a boolean"}.get(policy.type, "a number"))
+                     + {"date": "a date or timestamp", "bool": "a boolean or a number"}.get(
+                         policy.type, "a number"))
         return policy
 
     return resolve
 
 
-def stores_text(storage: str | None) -> bool:
-    """Whether a column's database type (`ColumnPolicy.storage`, as either backend names
-    it, a domain as the type it is over) holds text, or values read as text (json, uuid,
-    bytes, DuckDB's enums).
+def readable_as_declared(column: ColumnPolicy) -> bool:
+    """Whether every value of the column's database type reads as its declared type
+    (`read_as_declared`): any type as text; numbers and booleans as int or float;
+    booleans and numbers as bool; dates and timestamps as date. An unknown type (None)
+    is taken as declared. Any other pair converts per row, and a row it fails on failed
+    the query after the charge (on DuckDB, a DATE declared int: only where a row
+    reached it).
 
-    >>> stores_text("character varying(20)"), stores_text("varchar"), stores_text("bigint")
-    (True, True, False)
-    >>> stores_text("enum('1', 'x')"), stores_text("name"), stores_text("name_id")
+    >>> from dpproxy.policy import ColumnPolicy as C
+    >>> [readable_as_declared(C("c", t, storage=s)) for t, s in [("int", "decimal(18,3)"),
+    ...  ("bool", "smallint"), ("date", "timestamp with time zone"), ("text", "uuid")]]
+    [True, True, True, True]
+    >>> [readable_as_declared(C("c", t, storage=s)) for t, s in [("int", "date"),
+    ...  ("bool", "timestamp"), ("date", "integer"), ("float", "varchar"), ("bool", "bit")]]
+    [False, False, False, False, False]
+    """
+    storage = (column.storage or "").lower()
+    if column.storage is None or column.type == "text":
+        return True
+    if column.type in ("int", "float"):
+        return storage == "boolean" or stores_number(storage)
+    if column.type == "bool":
+        return storage == "boolean" or (stores_number(storage) and storage != "money")
+    return column.type != "date" or storage == "date" or storage.startswith("timestamp")
+
+
+# Number types as either backend names them (`ColumnPolicy.storage`; DECIMAL and NUMERIC
+# with or without their precision)
+_NUMBER_STORAGE = frozenset({
+    "tinyint", "smallint", "integer", "bigint", "hugeint", "utinyint", "usmallint",
+    "uinteger", "ubigint", "uhugeint", "float", "double", "real", "double precision",
+    "numeric", "decimal", "money"})
+
+
+def stores_number(storage: str | None) -> bool:
+    """Whether a column's database type holds numbers.
+
+    >>> stores_number("decimal(10,2)"), stores_number("double precision"), stores_number("date")
     (True, True, False)
     """
-    if not storage:
-        return False
-    name = storage.lower()
-    return name == "name" or name.startswith((
-        "character", "varchar", "char(", "text", "citext", "json", "uuid", "bytea", "blob",
-        "xml", "bpchar", "enum("))
+    name = (storage or "").lower()
+    return name in _NUMBER_STORAGE or name.startswith(("decimal(", "numeric("))
 
 
 # Text types as either backend names them (`ColumnPolicy.storage`): the backend reads such
@@ -346,7 +373,9 @@ def read_as_declared(bare: exp.Column, column: ColumnPolicy) -> exp.Expression:
         return exp.cast(bare, exp.DataType.build("DATE"))
     if column.type in ("int", "float") and storage == "boolean":
         return exp.cast(bare, exp.DataType.build("INT"))
-    if column.type == "bool" and storage not in ("", "boolean") and not stores_text(storage):
+    if column.type in ("int", "float") and storage == "money":  # PostgreSQL's: exact
+        return exp.cast(bare, exp.DataType.build("DECIMAL"))
+    if column.type == "bool" and stores_number(storage):
         return exp.paren(exp.NEQ(this=bare, expression=exp.Literal.number(0)), copy=False)
     return bare
 

@@ -313,8 +313,8 @@ def readable_as_declared(column: ColumnPolicy) -> bool:
     [False, False, False, False, False]
     """
     storage = (column.storage or "").lower()
-    if column.storage is None or column.type == "text":
-        return True
+    if column.storage is None or column.type == "text" or column.ldp is not None:
+        return True  # a local-DP column's reports are read by dpproxy.ldp, as stored
     if column.type in ("int", "float"):
         return storage == "boolean" or stores_number(storage)
     if column.type == "bool":
@@ -367,6 +367,11 @@ def read_as_declared(bare: exp.Column, column: ColumnPolicy) -> exp.Expression:
     MIN of a timestamp declared date failed, after the charge (where a row reached it);
     PostgreSQL could not plan `WHERE flag` over a smallint or SUM of a boolean."""
     storage = (column.storage or "").lower()
+    if column.ldp is not None:
+        # randomized reports (a BOOLEAN[] of unary encoding, a BOOLEAN of randomized
+        # response), read by the local-DP rewrite as stored: as text, report[k] was the
+        # k-th character of '[true, false, false]'
+        return bare
     if column.type == "text" and not reads_as_text(column.storage):
         return exp.cast(bare, exp.DataType.build("TEXT"))
     if column.type == "date" and storage.startswith("timestamp"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -842,19 +843,32 @@ def test_postgres_young_units_include_those_running_at_the_snapshot(
         assert row is not None
         return tuple(row)
 
-    def snapshot() -> _Snapshot:
-        with psycopg.connect(postgres_dsn, autocommit=True) as reader:
-            row = reader.execute("SELECT pg_current_snapshot()::text || '@'").fetchone()
+    def snapshot(after: int = 0) -> _Snapshot:
+        """A new snapshot; with `after`, one whose xmin is past that transaction: another
+        session's open transaction (a test run beside this one, on any database of the
+        server) holds xmin back, and is waited out for up to a minute."""
+        deadline = time.monotonic() + 60
+        while True:
+            with psycopg.connect(postgres_dsn, autocommit=True) as reader:
+                row = reader.execute("SELECT pg_current_snapshot()::text || '@'").fetchone()
+            assert row is not None
+            read = _Snapshot.read(str(row[0]))
+            assert read is not None
+            if read.xmin > after or time.monotonic() > deadline:
+                return read
+            time.sleep(0.05)
+
+    def write(sql: str) -> int:
+        """Run one insert or delete on its own: its transaction id."""
+        row = writer.execute(f"{sql} RETURNING pg_current_xact_id()::text").fetchone()
         assert row is not None
-        read = _Snapshot.read(str(row[0]))
-        assert read is not None
-        return read
+        return int(row[0])
 
     with psycopg.connect(postgres_dsn, autocommit=True) as writer, \
             psycopg.connect(postgres_dsn) as running:
         writer.execute("CREATE TABLE young (uid INTEGER)")
-        writer.execute("INSERT INTO young VALUES (1), (1), (1), (2)")
-        assert young(snapshot().xmin) == (None, None)
+        written = write("INSERT INTO young VALUES (1), (1), (1), (2)")
+        assert young(snapshot(written).xmin) == (None, None)
         running.execute("INSERT INTO young VALUES (2)")  # its transaction stays open
         row = running.execute("SELECT pg_current_xact_id()::text").fetchone()
         assert row is not None
@@ -865,16 +879,16 @@ def test_postgres_young_units_include_those_running_at_the_snapshot(
         assert young(during.xmin) == (None, None)  # its row is not seen yet
         running.commit()
         assert young(during.xmin) == (2, 1)  # unit 2, both its rows, not unit 1's 3
-        assert young(snapshot().xmin) == (None, None)
-        after = snapshot()
-        writer.execute("INSERT INTO young VALUES (1)")
+        after = snapshot(xid)
+        assert young(after.xmin) == (None, None)
+        written = write("INSERT INTO young VALUES (1)")
         assert young(after.xmin) == (4, 1)  # unit 1 again: all its rows
-        after = snapshot()
-        writer.execute("INSERT INTO young VALUES (NULL), (NULL), (NULL)")
-        writer.execute("INSERT INTO young VALUES (NULL)")
+        after = snapshot(written)
+        write("INSERT INTO young VALUES (NULL), (NULL), (NULL)")
+        written = write("INSERT INTO young VALUES (NULL)")
         assert young(after.xmin) == (4, 1)  # the NULL unit, one unit of 4 rows
-        after = snapshot()
-        writer.execute("DELETE FROM young WHERE uid IS NULL")
+        after = snapshot(written)
+        write("DELETE FROM young WHERE uid IS NULL")
         assert young(after.xmin) == (None, None)  # a deleted version is not seen
 
 

@@ -619,3 +619,32 @@ def test_postgres_money_declared_a_number(pg_dsn: str, tmp_path: Path) -> None:
             == [(1.0, 50), (2.0, 50)]
         with pytest.raises(errors.DatatypeMismatch, match="stored as money"):
             released(policy, "SELECT COUNT(*) FROM t WHERE f")
+
+
+def test_duckdb_reads_a_timestamptz_day_in_utc_whatever_the_host_zone(tmp_path: Path
+                                                                      ) -> None:
+    """DuckDB read a TIMESTAMPTZ's day in the host's time zone: at TZ=America/Los_Angeles
+    2020-01-02 02:00 UTC was keyed 2020-01-01, where the PostgreSQL backend (its sessions
+    in UTC) keys 2020-01-02. The DuckDB backend reads in UTC too."""
+    import os
+    import subprocess
+    import sys
+
+    policy = duckdb_policy(tmp_path, "z", [
+        "CREATE TABLE t (pid INTEGER NOT NULL, d TIMESTAMPTZ)",
+        "INSERT INTO t SELECT i, TIMESTAMPTZ '2020-01-02 02:00:00+00' FROM range(100) r(i)"],
+        'd = { type = "date", lower = "2000-01-01", upper = "2030-12-31", '
+        'public_values = ["2020-01-01", "2020-01-02"] }\n')
+    code = ("import sys; from pathlib import Path; from tests.test_column_types import "
+            f"released; p = Path(sys.argv[1]); print(released(p, '{_DAY_KEYS}'), "
+            f"released(p, \"{_ONE_DAY}\"))")
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, "-c", code, str(policy)], cwd=root, text=True,
+                         capture_output=True, env={**os.environ, "TZ": "America/Los_Angeles"},
+                         timeout=300)
+    assert run.stdout.strip() == "[('2020-01-01', 0), ('2020-01-02', 100)] [(100,)]", \
+        run.stderr
+
+
+_DAY_KEYS = "SELECT d, COUNT(*) FROM t GROUP BY d ORDER BY d"
+_ONE_DAY = "SELECT COUNT(*) FROM t WHERE d = '2020-01-02'"

@@ -140,6 +140,9 @@ class DuckDBBackend:
             # materialize them once for both, which costs more than scanning again (10M
             # rows: 0.8 s against 30 ms).
             self._connection.execute(f"SET disabled_optimizers = '{DISABLED_OPTIMIZERS}'")
+            # a TIMESTAMPTZ's day (a date key, a timestamp read as its declared date) in
+            # UTC, as the PostgreSQL backend's sessions read it, not in the host's zone
+            self._connection.execute("SET GLOBAL TimeZone = 'UTC'")
             self._connection.execute("SET lock_configuration = true")
         external = self._connection.execute(
             "SELECT current_setting('enable_external_access')").fetchone()

@@ -165,8 +165,9 @@ def _total_node(node: exp.Expression, table: TablePolicy, integer_valued: bool
         column = table.column(node.name)
         assert column is not None, "the analyzer resolved every column"
         bare = exp.column(column.name, quoted=True)
+        # a local-DP column holds reports (read_as_declared), whatever its declared type
         return exp.cast(bare, _DOUBLE) if column.type in ("int", "float") \
-            else read_as_declared(bare, column)
+            and column.ldp is None else read_as_declared(bare, column)
     if isinstance(node, exp.Literal) and not node.is_string and not _kept_as_written(node):
         # DOUBLE, as the columns: DuckDB reads 28 digits as a HUGEINT and 0.00000000001 as a
         # DECIMAL(11,11), and converts them to a common type only when a row reaches them

@@ -151,8 +151,8 @@ def _total_node(old: exp.Expression, new: exp.Expression, table: TablePolicy, ty
         column = table.column(new.name)
         assert column is not None, "the analyzer resolved every column"
         bare = exp.column(column.name, quoted=True)
-        if column.type not in ("int", "float"):
-            return read_as_declared(bare, column)
+        if column.type not in ("int", "float") or column.ldp is not None:
+            return read_as_declared(bare, column)  # a local-DP column: its reports
         # NUMERIC holds up to 10^131072 (the engine reads types without their modifiers,
         # so a numeric(10,2) column is held too: one CASE per use)
         return _within_column_digits(_numeric(bare)) if column.storage == "numeric" \

@@ -648,3 +648,19 @@ def test_duckdb_reads_a_timestamptz_day_in_utc_whatever_the_host_zone(tmp_path: 
 
 _DAY_KEYS = "SELECT d, COUNT(*) FROM t GROUP BY d ORDER BY d"
 _ONE_DAY = "SELECT COUNT(*) FROM t WHERE d = '2020-01-02'"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_unary_report_column_of_an_int_domain_is_read_as_its_reports(
+        pg_dsn: str, tmp_path: Path, backend: str) -> None:
+    """A local-DP column of unary reports (BOOLEAN[]) over an int domain was read as a
+    number, CAST(occ AS DOUBLE)[k], which neither backend could plan. Its reports are
+    read as stored, as for a text domain. Every report sets the bit of 3 alone, so the
+    debiased shares are clipped to 1 and 0 (the reports are exact: nothing is drawn)."""
+    report = {"duckdb": "[true, false, false]", "postgres": "ARRAY[true, false, false]"}
+    with policy_on(backend, pg_dsn, tmp_path, "l", [
+            "CREATE TABLE t (pid INTEGER NOT NULL, occ BOOLEAN[] NOT NULL)",
+            f"INSERT INTO t SELECT i, {report[backend]} {{rows}}"],
+            'occ = { type = "int", nullable = false, ldp = { mechanism = "unary", '
+            'epsilon = 1.0, domain = [3, 5, 7] } }\n') as policy:
+        assert released(policy, "SELECT AVG(occ = 3), AVG(occ = 5) FROM t") == [(1.0, 0.0)]

@@ -272,6 +272,27 @@ def test_a_run_with_the_wrong_number_of_parameters_runs_alone(
     assert ran == [text]
 
 
+def test_a_statement_of_many_parameters_runs_alone_untaken_apart(
+        engine: Engine, backend: DuckDBBackend) -> None:
+    """Taking a statement apart parses it whole: 5 s for an IN list of 8,000 literals.
+    One of more than MAX_PARAMETERS parameters runs as it is, and no template is made."""
+    from dpproxy.backends.shared_scans import MAX_PARAMETERS
+
+    ages = [17 + i % 70 for i in range(MAX_PARAMETERS + 1)]
+    text, params = _unbounded(engine, "SELECT COUNT(*) FROM adult WHERE age IN ("
+                              + ", ".join(["%s"] * len(ages)) + ")", ages)
+    assert len(params) > MAX_PARAMETERS
+    ran: list[str] = []
+
+    def runner(sql: str, parameters: Sequence[object]) -> Rows:
+        ran.append(sql)
+        return backend._cursor().execute(sql, list(parameters)).fetchall()
+
+    scans = SharedScans(runner)
+    assert scans.run(text, params) == backend._cursor().execute(text, list(params)).fetchall()
+    assert ran == [text] and not scans._templates
+
+
 def test_sessions_running_at_once_share_scans_and_all_answer(engine: Engine) -> None:
     """Through the engine: 12 threads, each a new query of one shape; every answer has its
     14 public groups, and every run went through the shared scans."""

@@ -26,7 +26,8 @@ holds every parameter, with no HAVING, ORDER BY, LIMIT, DISTINCT or window (the 
 statement without bounding; the backend offers no other), or that aggregate with its
 groups filtered by a condition without parameters (`SELECT * FROM (… OFFSET 0) AS grouped
 WHERE k0 IN (…)`, `dpproxy.bounds`), which then filters the shared statement's groups.
-Anything else runs alone, as does every run when a shared statement fails.
+Anything else runs alone, as does every run when a shared statement fails, and a statement
+of more than MAX_PARAMETERS parameters.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ Rows = list[tuple[object, ...]]
 Runner = Callable[[str, Sequence[object]], Rows]
 
 MAX_RUNS = 16  # runs per shared statement: more makes the statement slower per run
+# Statements with more parameters run alone: taking one apart parses it whole (5 s for an
+# IN list of 8,000 literals, read in three of the backend's statements), and a shared
+# statement would hold MAX_RUNS copies of its condition
+MAX_PARAMETERS = 256
 RUN_FLAG = "__run_{}"
 _KNOWN_TEXTS = 256  # statement texts whose template (or unshareability) is kept
 
@@ -255,7 +260,7 @@ class SharedScans:
         return template
 
     def run(self, sql: str, parameters: Sequence[object]) -> Rows:
-        template = self.template(sql) if parameters else None
+        template = self.template(sql) if 0 < len(parameters) <= MAX_PARAMETERS else None
         if template is None or len(parameters) != template.parameters:
             return self._run(sql, parameters)
         mine = _Run(parameters)

@@ -234,8 +234,10 @@ class NotSupportedError(DatabaseError):
     sqlstate = "0A000"
 
 
-class InvalidPolicy(Error):
-    """A policy file does not validate; the message names file, field and what is allowed."""
+class InvalidPolicy(OperationalError):
+    """A policy file does not validate; the message names file, field and what is allowed.
+    An OperationalError, as PEP 249 classes a data source that cannot be opened (psycopg
+    raises one for a bad connection string)."""
 
     sqlstate = "F0000"
 

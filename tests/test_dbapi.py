@@ -486,6 +486,19 @@ def test_unknown_analyst_names_the_known_ones(big_policy: Path) -> None:
     assert "alice" in text and "admin" in text
 
 
+def test_policy_that_fails_to_load_is_an_operational_error(tmp_path: Path) -> None:
+    """A DB-API caller catching DatabaseError (or OperationalError, as for psycopg's bad
+    connection string) also catches a policy that does not load, with its SQLSTATE."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[backend]\nkind = \"nosuch\"\n")
+    with pytest.raises(dpproxy.OperationalError) as info:
+        dpproxy.connect(bad, analyst="alice")
+    assert isinstance(info.value, dpproxy.errors.InvalidPolicy)
+    assert isinstance(info.value, dpproxy.DatabaseError)
+    assert info.value.sqlstate == "F0000"
+    assert "bad.toml" in str(info.value)
+
+
 # -- the ledger ---------------------------------------------------------------------------------
 
 def test_connections_to_one_policy_share_the_ledger(connect: Connect, big_policy: Path) -> None:

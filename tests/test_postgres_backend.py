@@ -29,7 +29,7 @@ from dpproxy.cli import main as cli_main
 from dpproxy.policy import ColumnPolicy, Policy, TablePolicy, load_policy
 from dpproxy.rewrite import clamped, make_total
 from dpproxy.rewrite_postgres import DATE_PATTERN, NUMBER_PATTERN
-from dpproxy.session import Engine
+from dpproxy.session import Engine, analyst_account
 from tests.exact import exact_rows, plan_for
 from tests.pg import answers, scratch_database, throwaway_cluster
 from tests.test_rewrite import (
@@ -661,6 +661,69 @@ def test_data_version_changes_with_the_data(scratch: str) -> None:
         assert len({first, second, third}) == 3
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize("layout", ["inheritance", "partitions"])
+def test_data_version_sees_rows_written_to_a_child(scratch: str, layout: str) -> None:
+    """Rows written straight into an inheritance child or a partition move the child's
+    counters, not the parent's: the parent's version reads its children's too."""
+    with psycopg.connect(scratch, autocommit=True) as con:
+        if layout == "inheritance":
+            con.execute("CREATE TABLE parent (uid INTEGER, n INTEGER)")
+            con.execute("CREATE TABLE child () INHERITS (parent)")
+        else:
+            con.execute("CREATE TABLE parent (uid INTEGER, n INTEGER) PARTITION BY RANGE (uid)")
+            con.execute("CREATE TABLE child PARTITION OF parent FOR VALUES FROM (0) TO (1000)")
+    backend = PostgresBackend(scratch, ["parent"])
+    try:
+        first = backend.data_version()
+        with psycopg.connect(scratch) as con:
+            con.execute("INSERT INTO child SELECT g, 1 FROM generate_series(1, 50) AS g")
+        second = _version_after_change(backend, first)
+        assert second != first
+        assert backend.data_version() == second  # nothing changed since
+    finally:
+        backend.close()
+
+
+def test_data_version_of_a_view_never_repeats(scratch: str) -> None:
+    """A view's rows have no counters, so its version is never the same twice: a
+    cached answer over it is never served again, however its base tables change."""
+    with psycopg.connect(scratch, autocommit=True) as con:
+        con.execute("CREATE VIEW shown AS SELECT * FROM secret")
+    backend = PostgresBackend(scratch, ["shown"])
+    try:
+        assert len({backend.data_version() for _ in range(3)}) == 3
+    finally:
+        backend.close()
+
+
+def test_repeat_over_a_view_sees_its_base_tables_change(scratch: str, tmp_path: Path
+                                                        ) -> None:
+    """The same query over a view, asked again after 4,000 rows were added under it, is
+    charged again and answers from the new rows (at ε = 5 the noise is a few units), where
+    it was served the old answer free from the cache before."""
+    with psycopg.connect(scratch, autocommit=True) as con:
+        con.execute("CREATE TABLE base (uid INTEGER NOT NULL)")
+        con.execute("INSERT INTO base SELECT g FROM generate_series(1, 1000) AS g")
+        con.execute("CREATE VIEW shown AS SELECT * FROM base")
+    policy = tmp_path / "view.toml"
+    policy.write_text(
+        f'[backend]\nkind = "postgres"\ndsn = "{scratch}"\n'
+        f'[ledger]\npath = "{(tmp_path / "l.sqlite").as_posix()}"\n'
+        f'[audit]\npath = "{(tmp_path / "a.jsonl").as_posix()}"\n'
+        '[tables.shown]\nprivacy_unit = "uid"\n[tables.shown.columns]\n'
+        'uid = { type = "int" }\n'
+        '[analysts.a]\nbudget = { epsilon = 100.0 }\ntables = ["shown"]\n')
+    with Engine.from_path(policy) as engine:
+        session = engine.session("a", epsilon=5.0)
+        ((before,),) = session.execute("SELECT COUNT(*) FROM shown").rows
+        with psycopg.connect(scratch) as con:
+            con.execute("INSERT INTO base SELECT g FROM generate_series(1001, 5000) AS g")
+        ((after,),) = session.execute("SELECT COUNT(*) FROM shown").rows
+        spent = engine.ledger.status(analyst_account("a")).spent
+    assert abs(before - 1000) < 100 and abs(after - 5000) < 100
+    assert spent.epsilon == pytest.approx(10.0)  # both charged
 
 
 def _version_after_change(backend: PostgresBackend, old: str) -> str:

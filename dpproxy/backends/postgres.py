@@ -39,21 +39,46 @@ POOL_MIN_SIZE = 1
 POOL_MAX_SIZE = 10
 CONNECT_TIMEOUT_S = 10
 # How the data version is read: per policy table (resolved in the connection's search
-# path), its file node (changes on TRUNCATE, VACUUM FULL, a new table), its row counters,
-# and the server's and the statistics' start times (counters restart with them). The
-# statistics functions are called directly: the pg_stat_user_tables view they sit under
-# costs more to plan than the whole read takes to run.
+# path), its kind and catalog row (ALTER TABLE, row security), its file node (changes on
+# TRUNCATE, VACUUM FULL, a new table), its row counters, and the same of every table
+# under it (inheritance children, partitions: rows written to a child move the child's
+# counters, not the parent's); and the server's and the statistics' start times
+# (counters restart with them). A view's or a foreign table's rows have no counters at
+# all, so their version is the read's own time: it never repeats, and their answers are
+# never served again from the cache (each repeat is a new query). The statistics
+# functions are called directly: the pg_stat_user_tables view they sit under costs more
+# to plan than the whole read takes to run.
 _DATA_VERSION_SQL = """
 SELECT pg_postmaster_start_time()::text,
        (SELECT pg_stat_get_db_stat_reset_time(oid)::text FROM pg_database
          WHERE datname = current_database()),
-       (SELECT string_agg(concat_ws(':', r::oid, pg_relation_filenode(r),
+       (SELECT string_agg(concat_ws(':', r::oid, c.relkind, c.xmin, pg_relation_filenode(r),
                                     pg_stat_get_tuples_inserted(r),
                                     pg_stat_get_tuples_updated(r),
                                     pg_stat_get_tuples_deleted(r),
-                                    pg_stat_get_live_tuples(r)), ',' ORDER BY ord)
+                                    pg_stat_get_live_tuples(r),
+                                    CASE WHEN c.relkind IN ('v', 'f')
+                                         THEN clock_timestamp()::text END,
+                                    (WITH RECURSIVE under(oid) AS (
+                                       SELECT inhrelid FROM pg_inherits WHERE inhparent = r
+                                       UNION
+                                       SELECT i.inhrelid FROM pg_inherits i
+                                         JOIN under u ON i.inhparent = u.oid)
+                                     SELECT string_agg(concat_ws(':', u.oid, k.relkind, k.xmin,
+                                                                 pg_relation_filenode(u.oid),
+                                                                 pg_stat_get_tuples_inserted(u.oid),
+                                                                 pg_stat_get_tuples_updated(u.oid),
+                                                                 pg_stat_get_tuples_deleted(u.oid),
+                                                                 pg_stat_get_live_tuples(u.oid),
+                                                                 CASE WHEN k.relkind = 'f'
+                                                                      THEN clock_timestamp()::text
+                                                                      END),
+                                                       '/' ORDER BY u.oid)
+                                       FROM under u JOIN pg_class k ON k.oid = u.oid)),
+                         ',' ORDER BY ord)
           FROM (SELECT to_regclass(quote_ident(name)) AS r, ord
-                  FROM unnest($1::text[]) WITH ORDINALITY AS t(name, ord)) AS tables)
+                  FROM unnest($1::text[]) WITH ORDINALITY AS t(name, ord)) AS tables
+          LEFT JOIN pg_class c ON c.oid = r)
 """
 
 # Each column's type, a domain read as the type it is over (a domain over text holds
@@ -535,11 +560,13 @@ class PostgresBackend:
                                f"{self._server}") from None
 
     def data_version(self) -> str:
-        """Changes when a policy table may have changed: its row counters (inserts,
-        updates, deletes, live rows), its file node, and the server's and statistics'
-        start times. Limits: counters reach the statistics system when the writing session
-        flushes them (within about a second), so a cached answer may be served that long
-        after a write; a change that bypasses the counters entirely is not seen."""
+        """Changes when a policy table may have changed: its and its children's row
+        counters (inserts, updates, deletes, live rows), file nodes and catalog rows, and
+        the server's and statistics' start times; for a view or a foreign table, at every
+        read (`_DATA_VERSION_SQL`). Limits: counters reach the statistics system when the
+        writing session flushes them (within about a second), so a cached answer may be
+        served that long after a write; a change that bypasses the counters entirely is
+        not seen."""
         try:
             with self._pool.connection() as conn:
                 row = conn.execute(_DATA_VERSION_SQL, [self._tables]).fetchone()

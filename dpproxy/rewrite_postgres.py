@@ -239,15 +239,23 @@ def _numeric(node: exp.Expression) -> exp.Expression:
 
 
 def _within_column_digits(value: exp.Expression) -> exp.Expression:
-    """A NUMERIC column's value held within ±(10^400 − 1), as check_magnitude reads
-    every column: 1e70000 squared overflowed NUMERIC on that one row, after the charge.
-    NULL stays NULL, NaN becomes the upper end (as every clamp reads it)."""
+    """A NUMERIC column's value held to 400 digits on either side of the point, as
+    check_magnitude reads every column: within ±(10^400 − 1) (1e70000 squared overflowed
+    NUMERIC on that one row, after the charge), and rounded to 400 decimal places where
+    it has more (a chain of nine divisions by 1e-16383 overflowed it: a magnitude below
+    10^-400 reads as 0, which a division's NULLIF then guards). NULL stays NULL, NaN
+    becomes the upper end (as every clamp reads it)."""
     limit = exp.Literal.number("9" * _COLUMN_DIGITS[0])
     negative = exp.Neg(this=limit.copy())
+    places = exp.Literal.number(_COLUMN_DIGITS[1])
     return exp.Case(ifs=[exp.If(this=exp.GT(this=value.copy(), expression=limit.copy()),
                                 true=limit.copy()),
                          exp.If(this=exp.LT(this=value.copy(), expression=negative.copy()),
-                                true=negative.copy())],
+                                true=negative.copy()),
+                         exp.If(this=exp.GT(this=exp.Anonymous(this="SCALE",
+                                                               expressions=[value.copy()]),
+                                            expression=places.copy()),
+                                true=exp.func("ROUND", value.copy(), places.copy()))],
                     default=value.copy())
 
 

@@ -188,6 +188,30 @@ def test_a_huge_numeric_value_fails_no_query(pg_dsn: str, tmp_path: Path) -> Non
                 assert session.execute(sql).rows
 
 
+def test_a_tiny_numeric_value_fails_no_query(pg_dsn: str, tmp_path: Path) -> None:
+    """NUMERIC also holds 1e-16383: nine divisions by it overflowed NUMERIC on that one
+    row, after the charge, and the same query answered on the table without it. A wide
+    NUMERIC column is read to 400 decimal places, as every bound on digits assumes, so
+    such a value reads as 0 and the division by it as NULL: both tables answer, charged."""
+    chain = " / age" * 9
+    with scratch_database(pg_dsn) as dsn:
+        with psycopg.connect(dsn, autocommit=True) as con:
+            con.execute("CREATE TABLE m (pid INTEGER NOT NULL, age NUMERIC, day DATE, g TEXT)")
+            con.execute("INSERT INTO m SELECT i, i % 7 + 1, NULL, 'a' "
+                        "FROM generate_series(1, 50) i")
+        policy = tmp_path / "m.toml"
+        policy.write_text(MISMATCHED.replace("DSN", dsn))
+        for tiny in (False, True):
+            if tiny:
+                with psycopg.connect(dsn, autocommit=True) as con:
+                    con.execute("INSERT INTO m VALUES (0, 1e-16383, NULL, 'b')")
+            with Engine.from_path(policy) as engine:
+                session = engine.session("a", epsilon=0.5)
+                for sql in (f"SELECT COUNT(*) FROM m WHERE 1{chain} > 0",
+                            f"SELECT g, SUM(LEAST(GREATEST(1{chain}, 0), 1)) FROM m GROUP BY g"):
+                    assert session.execute(sql).rows
+
+
 def duckdb_policy(tmp_path: Path, name: str, statements: list[str], columns: str,
                   budget: str = "{ epsilon = 1e9, delta = 0.5 }") -> Path:
     """A DuckDB file `name`.duckdb made by `statements`, and a policy on it: table t of

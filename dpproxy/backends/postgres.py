@@ -4,8 +4,12 @@ Every connection starts with `default_transaction_read_only = on`, so each state
 a read-only transaction of its own; a bound check (`dpproxy.bounds`) and the query it
 licenses run in one `BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY` transaction, so
 they read one snapshot. Everything runs under
-`statement_timeout` (the policy's `[server] statement_timeout_s`), in UTC with ISO dates
-so casts to text read the same everywhere. Statements go through psycopg's raw cursor:
+`statement_timeout` (the policy's `[server] statement_timeout_s`) but the charged
+statement itself, which runs to its end (`SET LOCAL statement_timeout = 0` in its
+transaction): it was paid for, and a cancel would fail it only where the data make it
+slow, and fail its every repeat; the server answers the client at the timeout and keeps
+the answer for a repeat. All in UTC with ISO dates so casts to text read the same
+everywhere. Statements go through psycopg's raw cursor:
 the rewrite's only parameter, the salt, is `$1`, and no `%` in the statement is ever read
 as a placeholder.
 
@@ -104,6 +108,8 @@ _SNAPSHOT_SQL = "SELECT pg_current_snapshot()::text || '@' || pg_postmaster_star
 # Sent as one simple query with it (one round trip, not two): the transaction whose
 # snapshot the check and the query read.
 _BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+# The charged statement runs to its end, whatever the sessions' statement_timeout
+_UNTIMED = "SET LOCAL statement_timeout = 0"
 _LOCK_SAVEPOINT = "__dpproxy_lock"
 # After the data changed, a bound check is read again at most this often (seconds): until
 # then queries are bounded as always, so a busy server does not pay a check per query.
@@ -268,6 +274,16 @@ def describe_server(dsn: str) -> str:
            f"{info.get('dbname') or info.get('user') or ''}"
 
 
+def _untimed(conn: psycopg.Connection[Any], cursor: psycopg.Cursor[Any]) -> None:
+    """No statement_timeout for the rest of the connection's transaction, opening one (a
+    read-only snapshot of its own) where none is open; it ends before the connection goes
+    back to the pool, and the setting with it."""
+    if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        cursor.execute(f"{_BEGIN}; {_UNTIMED}")
+    else:
+        cursor.execute(_UNTIMED)
+
+
 def _run(cursor: psycopg.Cursor[Any], sql: str, parameters: Sequence[object]
          ) -> list[tuple[object, ...]]:
     """One statement's rows. Always by the extended protocol (a statement without
@@ -362,10 +378,12 @@ class PostgresBackend:
                       unbounded: Unbounded | None = None) -> list[tuple[object, ...]]:
         try:
             with self._pool.connection() as conn, conn.cursor() as cursor:
-                if unbounded is None:
-                    return _run(cursor, sql, parameters)
                 try:
+                    if unbounded is None:
+                        _untimed(conn, cursor)
+                        return _run(cursor, sql, parameters)
                     observed, catalog = self._observed(conn, cursor, unbounded.check)
+                    _untimed(conn, cursor)  # the check above stays within the timeout
                     plain = unbounded.sql_for(observed)
                     # the excess form runs in the check's snapshot, as the check and the
                     # query share one transaction (or an equal snapshot)
@@ -396,9 +414,11 @@ class PostgresBackend:
                     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                         conn.execute("ROLLBACK")
         except psycopg.errors.QueryCanceled:
-            raise BackendError("the backend query exceeded the statement timeout",
-                               hint="the server's statement_timeout_s bounds every query; "
-                                    "ask for fewer groups or a narrower WHERE") from None
+            # not the sessions' statement_timeout (`_untimed`): a cancel from outside
+            raise BackendError("the backend canceled the query",
+                               hint="PostgreSQL canceled the statement (an administrator's "
+                                    "pg_cancel_backend, or a shutdown); repeat the query") \
+                from None
         except Exception as exc:  # whatever failed (loading too), its text is withheld
             raise BackendError(
                 "the backend could not run the rewritten query",

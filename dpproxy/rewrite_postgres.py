@@ -198,8 +198,11 @@ def _total_node(old: exp.Expression, new: exp.Expression, table: TablePolicy, ty
         return new
     if isinstance(new, exp.Length):
         return _numeric(new)
-    if isinstance(new, exp.Like | exp.ILike):
-        return exp.Escape(this=new, expression=exp.Literal.string(""))
+    if isinstance(new, exp.Like | exp.ILike | exp.RegexpLike | exp.RegexpILike):
+        new.set("this", _default_collation(new.this))
+        if isinstance(new, exp.Like | exp.ILike):
+            return exp.Escape(this=new, expression=exp.Literal.string(""))
+        return new
     if isinstance(new, exp.DPipe):
         for arg in ("this", "expression"):
             if typed(old.args[arg]).kind != "text":
@@ -219,6 +222,18 @@ def _total_node(old: exp.Expression, new: exp.Expression, table: TablePolicy, ty
         raise NotSupportedError(f"{new.sql_name()} with a number of digits is not available "
                                 "on PostgreSQL", hint="use ROUND(x, digits)")
     return new
+
+
+def _default_collation(subject: exp.Expression) -> exp.Expression:
+    """A pattern match's subject under the database's default collation. PostgreSQL 15
+    matches no pattern under a nondeterministic collation (an ICU one with
+    `deterministic = false`): LIKE, ILIKE and `~` fail there as soon as a row reaches
+    them, after the charge, so whether the query failed told whether such a row exists.
+    A column of the default collation (the usual case) matches as before; citext keeps
+    its own case-insensitive operators."""
+    operand = subject if isinstance(subject, exp.Column | exp.Paren) \
+        else exp.Paren(this=subject)
+    return exp.Collate(this=operand, expression=exp.to_identifier("default", quoted=True))
 
 
 def _plain_number(node: exp.Expression, typed: Typer, table: TablePolicy) -> bool:

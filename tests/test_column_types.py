@@ -688,3 +688,33 @@ def test_a_unary_report_column_of_an_int_domain_is_read_as_its_reports(
             'occ = { type = "int", nullable = false, ldp = { mechanism = "unary", '
             'epsilon = 1.0, domain = [3, 5, 7] } }\n') as policy:
         assert released(policy, "SELECT AVG(occ = 3), AVG(occ = 5) FROM t") == [(1.0, 0.0)]
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT COUNT(*) FROM t WHERE CASE WHEN x = 5 THEN name LIKE 'n%' ELSE FALSE END",
+    "SELECT COUNT(CASE WHEN x = 5 AND name ~ 'n' THEN 1 END) FROM t",
+    "SELECT COUNT(*) FROM t WHERE name ILIKE 'N1%' OR NOT name ~* '^n'",
+])
+def test_pattern_match_under_a_nondeterministic_collation(pg_dsn: str, tmp_path: Path,
+                                                           sql: str) -> None:
+    """PostgreSQL 15 matches no pattern under a nondeterministic collation: LIKE and `~`
+    over such a column failed once a row reached them, after the charge, so the table
+    with one more row (x = 5) failed where the other answered. The subject is matched
+    under the database's default collation: both answer, each charged once."""
+    from dpproxy.session import analyst_account
+
+    with scratch_database(pg_dsn) as dsn:
+        for extra in (False, True):
+            policy = postgres_policy(dsn, tmp_path, f"nocase{int(extra)}", [
+                "CREATE COLLATION IF NOT EXISTS nocase (provider = icu, "
+                "locale = 'und-u-ks-level2', deterministic = false)",
+                "DROP TABLE IF EXISTS t",
+                "CREATE TABLE t (pid INTEGER NOT NULL, name TEXT COLLATE nocase, x INTEGER)",
+                "INSERT INTO t SELECT g, 'n' || g, g FROM generate_series(10, 50) AS g",
+                *(["INSERT INTO t VALUES (5, 'n5', 5)"] if extra else [])],
+                'name = { type = "text" }\nx = { type = "int", lower = 0, upper = 100 }\n')
+            with Engine.from_path(policy) as engine:
+                ((count,),) = engine.session("a", epsilon=1.0).execute(sql).rows
+                assert isinstance(count, int)
+                spent = engine.ledger.status(analyst_account("a")).spent
+                assert spent.epsilon == pytest.approx(1.0)

@@ -508,10 +508,14 @@ def _cast(node: exp.Cast, env: Env) -> Value:
     target = node.to.this
     t = exp.DataType.Type
     try:
-        if target in (t.TINYINT, t.SMALLINT, t.INT, t.BIGINT):
+        if target in _INTEGER_BITS:
             if isinstance(value, bool):  # true::int is 1
                 return int(value)
-            return int(Decimal(str(value)).quantize(Decimal(1), ROUND_HALF_UP))
+            whole = int(Decimal(str(value)).quantize(Decimal(1), ROUND_HALF_UP))
+            # NULL beyond the type's range, where PostgreSQL raises (22003: smallint out
+            # of range): the released value, not its number beyond the type it names
+            half = 1 << (_INTEGER_BITS[target] - 1)
+            return whole if -half <= whole < half else None
         if target == t.DECIMAL and node.to.expressions:
             return _to_numeric(value, node.to.expressions)
         if target in (t.FLOAT, t.DOUBLE, t.DECIMAL):
@@ -523,6 +527,11 @@ def _cast(node: exp.Cast, env: Env) -> Value:
     except (ArithmeticError, ValueError):
         return None
     raise NotSupportedError(f"CAST to {node.to.sql('postgres')} is not supported on outputs")
+
+
+# The integer types a cast of an output may name, and their widths
+_INTEGER_BITS = {exp.DataType.Type.TINYINT: 8, exp.DataType.Type.SMALLINT: 16,
+                 exp.DataType.Type.INT: 32, exp.DataType.Type.BIGINT: 64}
 
 
 def _to_numeric(value: Value, params: list[exp.Expression]) -> Value:

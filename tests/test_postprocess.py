@@ -180,6 +180,12 @@ def test_conditionals_skip_null(sql: str, expected: Any) -> None:
     # lengths: VARCHAR(n) cut, CHAR(n) cut or padded
     ("CAST(COUNT(*) * 1000 AS VARCHAR(2))", "70"), ("CAST(sex AS CHAR(2))", "Ma"),
     ("CAST(sex AS CHAR(6))", "Male  "),
+    # beyond the integer type it names: NULL, where PostgreSQL raises 22003 (it was the
+    # number itself, 70000 as a "smallint")
+    ("CAST(COUNT(*) * 10000 AS SMALLINT)", None), ("CAST(32767 AS SMALLINT)", 32767),
+    ("CAST(-32768.4 AS SMALLINT)", -32768), ("CAST(32767.5 AS SMALLINT)", None),
+    ("CAST(COUNT(*) * 1e9 AS INT)", None), ("CAST(2147483647 AS INT)", 2147483647),
+    ("CAST(COUNT(*) * 1e19 AS BIGINT)", None), ("CAST(COUNT(*) * 1e17 AS BIGINT)", 7 * 10**17),
 ])
 def test_cast(sql: str, expected: Any) -> None:
     assert same(ev(sql), expected), ev(sql)

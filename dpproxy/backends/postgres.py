@@ -56,33 +56,23 @@ _DATA_VERSION_SQL = """
 SELECT pg_postmaster_start_time()::text,
        (SELECT pg_stat_get_db_stat_reset_time(oid)::text FROM pg_database
          WHERE datname = current_database()),
-       (SELECT string_agg(concat_ws(':', r::oid, c.relkind, c.xmin, pg_relation_filenode(r),
-                                    pg_stat_get_tuples_inserted(r),
-                                    pg_stat_get_tuples_updated(r),
-                                    pg_stat_get_tuples_deleted(r),
-                                    pg_stat_get_live_tuples(r),
-                                    CASE WHEN c.relkind IN ('v', 'f')
-                                         THEN clock_timestamp()::text END,
-                                    (WITH RECURSIVE under(oid) AS (
-                                       SELECT inhrelid FROM pg_inherits WHERE inhparent = r
-                                       UNION
-                                       SELECT i.inhrelid FROM pg_inherits i
-                                         JOIN under u ON i.inhparent = u.oid)
-                                     SELECT string_agg(concat_ws(':', u.oid, k.relkind, k.xmin,
-                                                                 pg_relation_filenode(u.oid),
-                                                                 pg_stat_get_tuples_inserted(u.oid),
-                                                                 pg_stat_get_tuples_updated(u.oid),
-                                                                 pg_stat_get_tuples_deleted(u.oid),
-                                                                 pg_stat_get_live_tuples(u.oid),
-                                                                 CASE WHEN k.relkind = 'f'
-                                                                      THEN clock_timestamp()::text
-                                                                      END),
-                                                       '/' ORDER BY u.oid)
-                                       FROM under u JOIN pg_class k ON k.oid = u.oid)),
-                         ',' ORDER BY ord)
+       (SELECT string_agg(COALESCE((
+                 WITH RECURSIVE tree(oid) AS (
+                   SELECT r::oid
+                   UNION
+                   SELECT i.inhrelid FROM pg_inherits i JOIN tree t ON i.inhparent = t.oid)
+                 SELECT string_agg(concat_ws(':', t.oid, c.relkind, c.xmin,
+                                             pg_relation_filenode(t.oid),
+                                             pg_stat_get_tuples_inserted(t.oid),
+                                             pg_stat_get_tuples_updated(t.oid),
+                                             pg_stat_get_tuples_deleted(t.oid),
+                                             pg_stat_get_live_tuples(t.oid),
+                                             CASE WHEN c.relkind IN ('v', 'f')
+                                                  THEN clock_timestamp()::text END),
+                                   '/' ORDER BY t.oid)
+                   FROM tree t JOIN pg_class c ON c.oid = t.oid), ''), ',' ORDER BY ord)
           FROM (SELECT to_regclass(quote_ident(name)) AS r, ord
-                  FROM unnest($1::text[]) WITH ORDINALITY AS t(name, ord)) AS tables
-          LEFT JOIN pg_class c ON c.oid = r)
+                  FROM unnest($1::text[]) WITH ORDINALITY AS t(name, ord)) AS tables)
 """
 
 # Each column's type, a domain read as the type it is over (a domain over text holds
